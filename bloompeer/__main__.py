@@ -1,0 +1,5 @@
+import sys
+
+from .peer.cli import main
+
+sys.exit(main())

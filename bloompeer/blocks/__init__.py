@@ -1,0 +1,10 @@
+"""What is computed: BLOOM blocks, their KV cache and their weights. Plain torch; no network."""
+
+from .checkpoint import CLIENT_TENSOR_PREFIXES, Checkpoint, CheckpointError, block_prefix, open_checkpoint
+from .kv_cache import SessionCache
+from .span import BlockSpan, attention_bias
+
+__all__ = [
+    "BlockSpan", "Checkpoint", "CheckpointError", "CLIENT_TENSOR_PREFIXES", "SessionCache",
+    "attention_bias", "block_prefix", "open_checkpoint",
+]

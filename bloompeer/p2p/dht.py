@@ -1,0 +1,75 @@
+"""The swarm's directory: announcing and finding block servers on hivemind's Kademlia DHT.
+
+Every call has a timeout: hivemind's lookups can wait forever on a value they cannot decode.
+Records live under a subkey holding the owner's RSA public key; hivemind's signature
+validator (installed on every peer) then refuses writes not signed by that key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.node import DHTNode
+from hivemind.utils import get_dht_time
+
+from .errors import ProtocolError
+from .records import ServerRecord, block_key
+
+__all__ = ["BlockDirectory", "get_dht_time"]
+
+logger = logging.getLogger(__name__)
+
+
+class BlockDirectory:
+    """Block records of one or more models on a DHT node that this process runs."""
+
+    def __init__(self, node: DHTNode, validator: RSASignatureValidator, timeout_s: float = 10.0):
+        self.node, self.validator, self.timeout_s = node, validator, timeout_s
+
+    async def announce(
+        self, model_uid: str, blocks: Iterable[int], record: ServerRecord, expiration_time: float
+    ) -> bool:
+        """Store `record` for each block under this peer's signed subkey. True if all stores succeeded."""
+        keys = [block_key(model_uid, index) for index in blocks]
+        value = record.to_wire()
+        try:
+            results = await asyncio.wait_for(
+                self.node.store_many(
+                    keys, [value] * len(keys), expiration_time, subkeys=[self.validator.local_public_key] * len(keys)
+                ),
+                self.timeout_s,
+            )
+        except asyncio.TimeoutError:
+            logger.warning("Announcing %d block(s) of %s timed out after %.0f s", len(keys), model_uid, self.timeout_s)
+            return False
+        return all(results.values())
+
+    async def find_servers(self, model_uid: str, num_blocks: int) -> dict[int, list[ServerRecord]]:
+        """Latest records of every server of every block; malformed records are skipped."""
+        keys = [block_key(model_uid, index) for index in range(num_blocks)]
+        try:
+            found = await asyncio.wait_for(
+                self.node.get_many(keys, sufficient_expiration_time=float("inf")), self.timeout_s
+            )
+        except asyncio.TimeoutError:
+            logger.warning("Looking up %s's servers timed out after %.0f s", model_uid, self.timeout_s)
+            return {}
+        servers: dict[int, list[ServerRecord]] = {}
+        for index, key in enumerate(keys):
+            entry = found.get(key)
+            if entry is None or not isinstance(entry.value, dict):
+                continue
+            servers[index] = [record for subkey, item in entry.value.items()
+                              if (record := _parse(item.value, key)) is not None]
+        return servers
+
+
+def _parse(value: object, key: str) -> ServerRecord | None:
+    try:
+        return ServerRecord.from_wire(value)
+    except ProtocolError as exc:
+        logger.debug("Skipping a malformed record under %s: %s", key, exc)
+        return None

@@ -1,0 +1,245 @@
+"""Every frame of bloompeer's RPCs, as a typed dataclass; the one place wire field names live.
+
+Each frame is a msgpack map with a "type" and that type's fields, nothing else. `to_wire`
+builds the map; `from_wire` checks it (known fields only, each with its type) and raises
+ProtocolError otherwise. Checks that need the model or the session (hidden size, batch,
+positions) belong to the server, which knows them.
+
+    inference (one stream per session and span):
+        client: OpenSession -> server: SessionReady | ErrorFrame
+        client: Step        -> server: StepOutput   | ErrorFrame    (repeated)
+        client: CloseSession, or end of stream
+    forward:  client: ForwardRequest -> server: StepOutput | ErrorFrame
+    info:     server: ServerInfo (as soon as the stream opens)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from .errors import ErrorCode, ProtocolError
+from .tensors import FLOAT_DTYPES, tensor_from_wire, tensor_to_wire
+
+__all__ = [
+    "PROTOCOL_VERSION", "INFO_PROTOCOL", "INFERENCE_PROTOCOL", "FORWARD_PROTOCOL", "Message",
+    "OpenSession", "SessionReady", "Step", "StepOutput", "CloseSession", "ForwardRequest", "ErrorFrame",
+    "ServerInfo", "decode_message",
+]
+
+PROTOCOL_VERSION = 1
+INFO_PROTOCOL = f"bloompeer.info/{PROTOCOL_VERSION}"
+INFERENCE_PROTOCOL = f"bloompeer.inference/{PROTOCOL_VERSION}"
+FORWARD_PROTOCOL = f"bloompeer.forward/{PROTOCOL_VERSION}"
+
+MAX_STRING_CHARS = 1024
+_MASK_DTYPES = frozenset({"bool"})
+_INDEX_DTYPES = frozenset({"int64"})
+
+
+class _Fields:
+    """Typed access to the fields of one received frame; refuses unknown and missing ones."""
+
+    def __init__(self, message: dict[str, Any], type_name: str, required: set[str], optional: set[str] = frozenset()):
+        unknown = set(message) - required - optional - {"type"}
+        if unknown:
+            raise ProtocolError(f"{type_name}: unknown field(s) {sorted(map(str, unknown))}")
+        missing = required - set(message)
+        if missing:
+            raise ProtocolError(f"{type_name}: missing field(s) {sorted(missing)}")
+        self.message, self.type_name = message, type_name
+
+    def int(self, name: str, minimum: int = 0) -> int:
+        value = self.message[name]
+        if type(value) is not int or value < minimum:
+            raise ProtocolError(f"{self.type_name}.{name} must be an int >= {minimum}")
+        return value
+
+    def str(self, name: str) -> str:
+        value = self.message[name]
+        if not isinstance(value, str) or len(value) > MAX_STRING_CHARS:
+            raise ProtocolError(f"{self.type_name}.{name} must be a string of at most {MAX_STRING_CHARS} chars")
+        return value
+
+    def tensor(self, name: str, dtypes: frozenset[str]) -> torch.Tensor | None:
+        if self.message.get(name) is None:
+            return None
+        return tensor_from_wire(self.message[name], f"{self.type_name}.{name}", dtypes)
+
+
+def _optional_tensor(tensor: torch.Tensor | None) -> dict[str, Any] | None:
+    return None if tensor is None else tensor_to_wire(tensor)
+
+
+class Message:
+    TYPE: ClassVar[str]
+
+    def to_wire(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> Message:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class OpenSession(Message):
+    """Reserve a KV cache for `batch` x `max_length` tokens over blocks [start, end)."""
+
+    TYPE: ClassVar[str] = "open"
+    model: str
+    start: int
+    end: int
+    batch: int
+    max_length: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "model": self.model, "start": self.start, "end": self.end,
+                "batch": self.batch, "max_length": self.max_length}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> OpenSession:
+        f = _Fields(message, cls.TYPE, {"model", "start", "end", "batch", "max_length"})
+        return cls(f.str("model"), f.int("start"), f.int("end", 1), f.int("batch", 1), f.int("max_length", 1))
+
+
+@dataclass(frozen=True)
+class SessionReady(Message):
+    TYPE: ClassVar[str] = "ready"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> SessionReady:
+        _Fields(message, cls.TYPE, set())
+        return cls()
+
+
+@dataclass(frozen=True)
+class Step(Message):
+    """Run the new tokens' hidden states through the span.
+
+    position: tokens already in the cache that these follow (a smaller value rewinds, so a
+    client can replay a prefix). padding_mask: [batch, new] bool, False at padding; absent
+    means no padding. hypo_ids: [batch] int64, beam search's reordering of the cached rows.
+    """
+
+    TYPE: ClassVar[str] = "step"
+    position: int
+    hidden: torch.Tensor  # [batch, new, hidden_size]
+    padding_mask: torch.Tensor | None = None
+    hypo_ids: torch.Tensor | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "position": self.position, "hidden": tensor_to_wire(self.hidden),
+                "padding_mask": _optional_tensor(self.padding_mask), "hypo_ids": _optional_tensor(self.hypo_ids)}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> Step:
+        f = _Fields(message, cls.TYPE, {"position", "hidden"}, {"padding_mask", "hypo_ids"})
+        return cls(f.int("position"), f.tensor("hidden", FLOAT_DTYPES),
+                   f.tensor("padding_mask", _MASK_DTYPES), f.tensor("hypo_ids", _INDEX_DTYPES))
+
+
+@dataclass(frozen=True)
+class StepOutput(Message):
+    TYPE: ClassVar[str] = "output"
+    hidden: torch.Tensor  # [batch, new, hidden_size]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "hidden": tensor_to_wire(self.hidden)}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> StepOutput:
+        f = _Fields(message, cls.TYPE, {"hidden"})
+        return cls(f.tensor("hidden", FLOAT_DTYPES))
+
+
+@dataclass(frozen=True)
+class CloseSession(Message):
+    TYPE: ClassVar[str] = "close"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> CloseSession:
+        _Fields(message, cls.TYPE, set())
+        return cls()
+
+
+@dataclass(frozen=True)
+class ForwardRequest(Message):
+    """A full forward of a whole sequence through blocks [start, end), with no cache kept."""
+
+    TYPE: ClassVar[str] = "forward"
+    model: str
+    start: int
+    end: int
+    hidden: torch.Tensor  # [batch, length, hidden_size]
+    padding_mask: torch.Tensor | None = None  # [batch, length] bool
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "model": self.model, "start": self.start, "end": self.end,
+                "hidden": tensor_to_wire(self.hidden), "padding_mask": _optional_tensor(self.padding_mask)}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> ForwardRequest:
+        f = _Fields(message, cls.TYPE, {"model", "start", "end", "hidden"}, {"padding_mask"})
+        return cls(f.str("model"), f.int("start"), f.int("end", 1), f.tensor("hidden", FLOAT_DTYPES),
+                   f.tensor("padding_mask", _MASK_DTYPES))
+
+
+@dataclass(frozen=True)
+class ErrorFrame(Message):
+    TYPE: ClassVar[str] = "error"
+    code: ErrorCode
+    message: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "code": self.code.value, "message": self.message[:MAX_STRING_CHARS]}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> ErrorFrame:
+        f = _Fields(message, cls.TYPE, {"code", "message"})
+        code_str = f.str("code")
+        try:
+            code = ErrorCode(code_str)
+        except ValueError:
+            code = ErrorCode.INTERNAL  # a newer peer's code: treat as a generic failure
+        return cls(code, f.str("message"))
+
+
+@dataclass(frozen=True)
+class ServerInfo(Message):
+    """What a server says about itself to anyone who asks (also a cheap ping)."""
+
+    TYPE: ClassVar[str] = "info"
+    model: str
+    start: int
+    end: int
+    state: str
+    version: str
+    dtype: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "model": self.model, "start": self.start, "end": self.end,
+                "state": self.state, "version": self.version, "dtype": self.dtype}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> ServerInfo:
+        f = _Fields(message, cls.TYPE, {"model", "start", "end", "state", "version", "dtype"})
+        return cls(f.str("model"), f.int("start"), f.int("end"), f.str("state"), f.str("version"), f.str("dtype"))
+
+
+def decode_message(message: dict[str, Any], *expected: type[Message]) -> Message:
+    """Decode a frame into one of the `expected` message types, refusing any other type."""
+    by_type = {cls.TYPE: cls for cls in expected}
+    type_name = message.get("type")
+    if type_name not in by_type:
+        allowed = sorted(cls.TYPE for cls in expected)
+        raise ProtocolError(f"expected a frame of type {allowed}, got {str(type_name)[:40]!r}")
+    return by_type[type_name].from_wire(message)

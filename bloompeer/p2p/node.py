@@ -1,0 +1,83 @@
+"""One peer on the network: a libp2p daemon (hivemind.P2P), a Kademlia DHT node and the block directory.
+
+Every bloompeer process (bootstrap, server, client) has exactly one. The DHT node runs in this
+process's event loop on the same daemon, so a server's handlers and its DHT share one peer id
+and no extra process is left behind if this one dies.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.node import DHTNode
+from hivemind.p2p import P2P, P2PDaemonError
+
+from .dht import BlockDirectory
+from .errors import BloompeerError
+
+__all__ = ["NetworkConfig", "PeerNode", "NetworkError"]
+
+logger = logging.getLogger(__name__)
+
+
+class NetworkError(BloompeerError):
+    """The peer could not join the network (no reachable bootstrap peer, identity in use, ...)."""
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    initial_peers: tuple[str, ...] = ()  # multiaddrs of peers already in the swarm (none: start a new swarm)
+    host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)  # where to listen
+    announce_maddrs: tuple[str, ...] = ()  # addresses to tell others instead of the listening ones
+    identity_path: str | None = None  # private key file; keeps the peer id across restarts
+    client_mode: bool = False  # dial out only; answer no DHT queries
+    dht_timeout_s: float = 10.0
+
+
+class PeerNode:
+    def __init__(self, p2p: P2P, dht: DHTNode, directory: BlockDirectory):
+        self.p2p, self.dht, self.directory = p2p, dht, directory
+        self._closed = False
+
+    @classmethod
+    async def create(cls, config: NetworkConfig) -> PeerNode:
+        try:
+            p2p = await P2P.create(
+                initial_peers=list(config.initial_peers), host_maddrs=list(config.host_maddrs),
+                announce_maddrs=list(config.announce_maddrs) or None, identity_path=config.identity_path,
+                dht_mode="client" if config.client_mode else "server",
+            )
+        except P2PDaemonError as exc:
+            raise NetworkError(f"could not start the libp2p daemon: {exc}") from exc
+        except ValueError as exc:
+            raise NetworkError(f"bad network settings: {exc}") from exc
+        try:
+            validator = RSASignatureValidator()
+            dht = await DHTNode.create(
+                p2p=p2p, initial_peers=list(config.initial_peers), client_mode=config.client_mode,
+                record_validator=validator, ensure_bootstrap_success=bool(config.initial_peers),
+            )
+        except BaseException as exc:
+            await p2p.shutdown()
+            if isinstance(exc, Exception):
+                raise NetworkError(f"could not join the DHT through {list(config.initial_peers)}: {exc}") from exc
+            raise
+        return cls(p2p, dht, BlockDirectory(dht, validator, config.dht_timeout_s))
+
+    @property
+    def peer_id_str(self) -> str:
+        return self.p2p.peer_id.to_base58()
+
+    async def visible_maddrs(self) -> list[str]:
+        return [str(maddr) for maddr in await self.p2p.get_visible_maddrs()]
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.dht.shutdown()
+        finally:
+            await self.p2p.shutdown()

@@ -1,0 +1,71 @@
+"""DHT records: which server serves which blocks of which model, and how well.
+
+Key per block: "{model_uid}.{block_index}"; subkey: the owner's public key (so only that
+server can write it, see `dht.py`); value: a ServerRecord map.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+from .errors import ProtocolError
+
+__all__ = ["ServerState", "ServerRecord", "block_key"]
+
+
+class ServerState(str, Enum):
+    JOINING = "joining"  # loading weights; not taking sessions yet
+    ONLINE = "online"
+    DRAINING = "draining"  # finishing its sessions, taking no new ones
+    OFFLINE = "offline"
+
+
+def block_key(model_uid: str, block_index: int) -> str:
+    return f"{model_uid}.{block_index}"
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    """One server's announcement for one of its blocks (the same record for every block of its span)."""
+
+    peer_id: str  # base58
+    state: ServerState
+    start: int  # the server's whole span, half-open
+    end: int
+    throughput: float  # tokens per second through the whole span, as measured or configured
+    cache_tokens_left: int  # KV cache room left, in tokens (batch x length)
+    dtype: str
+    version: str  # bloompeer version
+    weights_fingerprint: str
+    relayed: bool  # reachable only through a libp2p relay
+
+    def to_wire(self) -> dict[str, Any]:
+        return {**asdict(self), "state": self.state.value}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> ServerRecord:
+        if not isinstance(value, dict) or set(value) != _RECORD_FIELDS:
+            raise ProtocolError("a server record is a map with exactly the fields of ServerRecord")
+        checks = {
+            "peer_id": lambda v: isinstance(v, str) and 0 < len(v) <= 128,
+            "state": lambda v: v in _STATES,
+            "start": lambda v: type(v) is int and v >= 0,
+            "end": lambda v: type(v) is int and v > value["start"],  # start is checked first
+            "throughput": lambda v: type(v) in (int, float) and math.isfinite(v) and v >= 0,
+            "cache_tokens_left": lambda v: type(v) is int and v >= 0,
+            "dtype": lambda v: isinstance(v, str) and len(v) <= 32,
+            "version": lambda v: isinstance(v, str) and len(v) <= 64,
+            "weights_fingerprint": lambda v: isinstance(v, str) and len(v) <= 128,
+            "relayed": lambda v: type(v) is bool,
+        }
+        for name, check in checks.items():
+            if not check(value[name]):
+                raise ProtocolError(f"server record: bad {name} {str(value[name])[:40]!r}")
+        return cls(**{**value, "state": ServerState(value["state"]), "throughput": float(value["throughput"])})
+
+
+_RECORD_FIELDS = frozenset(ServerRecord.__dataclass_fields__)
+_STATES = frozenset(state.value for state in ServerState)

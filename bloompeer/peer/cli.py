@@ -1,0 +1,165 @@
+"""The `bloompeer` command: dht (bootstrap peer), serve (blocks), generate (client).
+
+Results go to stdout (multiaddrs, the "online" line, generated text); logs go to stderr.
+This is the only place that configures logging, signals and the event loop policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+
+from .. import _version
+
+__all__ = ["main", "build_parser"]
+
+logger = logging.getLogger("bloompeer")
+
+INITIAL_PEERS_ENV = "BLOOMPEER_INITIAL_PEERS"
+
+
+def _add_network_flags(parser: argparse.ArgumentParser, listen_default: str) -> None:
+    group = parser.add_argument_group("network")
+    group.add_argument("--initial-peers", nargs="+", metavar="MADDR", default=None,
+                       help=f"multiaddrs of peers already in the swarm, e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm... "
+                            f"(default: ${INITIAL_PEERS_ENV}, space-separated)")
+    group.add_argument("--host-maddrs", nargs="+", metavar="MADDR", default=[listen_default],
+                       help=f"where to listen (default: {listen_default})")
+    group.add_argument("--announce-maddrs", nargs="+", metavar="MADDR", default=[],
+                       help="addresses to announce instead of the listening ones, e.g. a public IP and a "
+                            "forwarded port: /ip4/203.0.113.5/tcp/31337")
+    group.add_argument("--identity-path", metavar="FILE", default=None,
+                       help="private key file that keeps this peer's id across restarts (created if missing)")
+
+
+def _initial_peers(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.initial_peers is not None:
+        return tuple(args.initial_peers)
+    return tuple(os.environ.get(INITIAL_PEERS_ENV, "").split())
+
+
+def _network_config(args: argparse.Namespace, client_mode: bool = False):
+    from ..p2p import NetworkConfig
+
+    return NetworkConfig(
+        initial_peers=_initial_peers(args), host_maddrs=tuple(args.host_maddrs),
+        announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity_path, client_mode=client_mode,
+    )
+
+
+def _block_range(text: str) -> tuple[int, int]:
+    try:
+        start, end = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a block range like 0:8") from None
+    if not 0 <= start < end:
+        raise argparse.ArgumentTypeError(f"{text!r} is empty: it means blocks start..end-1, so start < end")
+    return start, end
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bloompeer", description="Run BLOOM language models collaboratively: volunteers serve transformer "
+                                      "blocks, users generate text through the swarm.")
+    parser.add_argument("--version", action="version", version=f"bloompeer {_version.__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details (and hivemind's INFO)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    dht = commands.add_parser("dht", help="run a bootstrap peer that others join through",
+                              description="Run a bootstrap peer. Prints its multiaddrs, one per line: give one "
+                                          "of them to servers and clients with --initial-peers.")
+    _add_network_flags(dht, "/ip4/0.0.0.0/tcp/0")
+
+    serve = commands.add_parser("serve", help="serve a range of a model's blocks to the swarm",
+                                description="Load blocks A..B-1 of a BLOOM model and serve them to the swarm until "
+                                            "interrupted (SIGINT or SIGTERM), then announce offline and exit.")
+    serve.add_argument("--model", required=True, help="local checkpoint directory or Hugging Face hub name")
+    serve.add_argument("--blocks", required=True, type=_block_range, metavar="A:B",
+                       help="serve blocks A..B-1, e.g. 0:8")
+    serve.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ... (default: cpu)")
+    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                       help="compute and cache dtype (default: float32)")
+    _add_network_flags(serve, "/ip4/0.0.0.0/tcp/0")
+
+    from .generate_command import add_generate_parser
+
+    add_generate_parser(commands, _add_network_flags)
+    return parser
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def run_dht(args: argparse.Namespace) -> int:
+    from ..p2p import PeerNode
+
+    node = await PeerNode.create(_network_config(args))
+    try:
+        for maddr in await node.visible_maddrs():
+            print(maddr, flush=True)
+        logger.info("Bootstrap peer %s is up; stop it with Ctrl-C", node.peer_id_str)
+        await _wait_for_signal()
+    finally:
+        await node.shutdown()
+    return 0
+
+
+async def run_serve(args: argparse.Namespace) -> int:
+    from .server.config import ServerConfig
+    from .server.server import Server
+
+    start, end = args.blocks
+    config = ServerConfig(model=args.model, start=start, end=end, network=_network_config(args),
+                          device=args.device, dtype=args.dtype)
+    stopping = asyncio.ensure_future(_wait_for_signal())
+    server = await Server.create(config)
+    try:
+        for maddr in await server.node.visible_maddrs():
+            print(maddr, flush=True)
+        print(f"online: serving {server.model_uid} blocks {start}:{end} as {server.node.peer_id_str}", flush=True)
+        await stopping
+        logger.info("Shutting down")
+    finally:
+        await server.shutdown()
+    return 0
+
+
+def _configure_logging(verbose: bool) -> None:
+    from hivemind.utils.logging import use_hivemind_log_handler
+
+    use_hivemind_log_handler("nowhere")
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if not verbose:
+        logging.getLogger("hivemind").setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.verbose)
+    commands: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {"dht": run_dht, "serve": run_serve}
+    if args.command == "generate":
+        from .generate_command import run_generate
+
+        return run_generate(args)  # synchronous: the client runs its own event loop thread
+    import uvloop
+
+    from ..p2p import BloompeerError
+
+    try:
+        return uvloop.run(commands[args.command](args))
+    except (BloompeerError, ValueError, OSError) as exc:
+        logger.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130

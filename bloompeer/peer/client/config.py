@@ -1,0 +1,17 @@
+"""Everything a client is told, in one frozen value (built by the CLI or from_pretrained's arguments)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...p2p import NetworkConfig
+
+__all__ = ["ClientConfig"]
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    network: NetworkConfig = field(default_factory=lambda: NetworkConfig(client_mode=True))
+    request_timeout_s: float = 30.0  # one step or forward on one server, including its queueing
+    missing_blocks_timeout_s: float = 60.0  # how long to wait for a server to cover every block
+    poll_period_s: float = 1.0  # how often the DHT is read again while waiting for missing blocks

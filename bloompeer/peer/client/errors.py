@@ -1,0 +1,31 @@
+"""Client-side errors, extending the tree in `bloompeer.p2p.errors`:
+
+    BloompeerError
+    └── MissingBlocksError   no server covers some blocks, even after waiting
+"""
+
+from __future__ import annotations
+
+from ...p2p import BloompeerError
+
+__all__ = ["MissingBlocksError", "block_ranges"]
+
+
+class MissingBlocksError(BloompeerError):
+    def __init__(self, model_uid: str, missing: list[int], waited_s: float):
+        self.model_uid, self.missing = model_uid, missing
+        super().__init__(
+            f"no server in the swarm serves block(s) {block_ranges(missing)} of {model_uid} (waited {waited_s:.0f} s). "
+            f"Start one with: bloompeer serve --model {model_uid} --blocks {missing[0]}:{missing[-1] + 1} "
+            f"--initial-peers ..."
+        )
+
+
+def block_ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0:3, 5:6" (half-open, as --blocks takes them)."""
+    spans, start = [], indices[0]
+    for previous, current in zip(indices, indices[1:] + [None]):
+        if current != previous + 1:
+            spans.append(f"{start}:{previous + 1}")
+            start = current
+    return ", ".join(spans)

@@ -1,0 +1,109 @@
+"""The client end of one server's stream: an inference session, or a forward, over one span.
+
+Each call sends a frame and waits, with a timeout, for the answer; an error frame becomes the
+matching RemoteError, a lost stream or a timeout a PeerUnavailableError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+from hivemind.p2p import P2P, P2PDaemonError, PeerID
+
+from ...p2p import (
+    FORWARD_PROTOCOL, INFERENCE_PROTOCOL, CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Message, OpenSession,
+    PeerUnavailableError, ProtocolError, SessionReady, Step, StepOutput, decode_message, read_frame, remote_error,
+    write_frame,
+)
+from .routing import SpanRoute
+
+__all__ = ["SpanStream", "SpanInferenceSession", "remote_forward"]
+
+
+class SpanStream:
+    """One open stream to one server, used for requests and answers in turn."""
+
+    def __init__(self, route: SpanRoute, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 timeout_s: float):
+        self.route, self.reader, self.writer, self.timeout_s = route, reader, writer, timeout_s
+
+    @classmethod
+    async def connect(cls, p2p: P2P, route: SpanRoute, protocol: str, timeout_s: float) -> SpanStream:
+        try:
+            _, reader, writer = await asyncio.wait_for(
+                p2p.call_binary_stream_handler(PeerID.from_base58(route.peer_id_str), protocol), timeout_s)
+        except (P2PDaemonError, ConnectionError, asyncio.TimeoutError) as exc:
+            raise _unavailable(route, f"could not open a stream: {exc!r}") from exc
+        return cls(route, reader, writer, timeout_s)
+
+    async def request(self, message: Message, *expected: type[Message]) -> Message:
+        try:
+            await write_frame(self.writer, message.to_wire())
+            frame = await asyncio.wait_for(read_frame(self.reader), self.timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise _unavailable(self.route, f"no answer within {self.timeout_s:.0f} s", ErrorCode.TIMEOUT) from exc
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            raise _unavailable(self.route, f"stream lost: {exc!r}") from exc
+        reply = decode_message(frame, ErrorFrame, *expected)
+        if isinstance(reply, ErrorFrame):
+            raise remote_error(reply.code, reply.message, self.route.peer_id_str)
+        return reply
+
+    async def close(self, goodbye: Message | None = None) -> None:
+        try:
+            if goodbye is not None:
+                await write_frame(self.writer, goodbye.to_wire())
+        except (ConnectionError, RuntimeError):
+            pass
+        finally:
+            self.writer.close()
+
+
+def _unavailable(route: SpanRoute, message: str, code: ErrorCode = ErrorCode.NOT_SERVING) -> PeerUnavailableError:
+    return PeerUnavailableError(code, f"blocks {route.start}:{route.end}: {message}", route.peer_id_str)
+
+
+class SpanInferenceSession:
+    """A server-side KV cache for one span, and the stream that feeds it."""
+
+    def __init__(self, stream: SpanStream):
+        self.stream = stream
+
+    @classmethod
+    async def open(cls, p2p: P2P, route: SpanRoute, model_uid: str, batch: int, max_length: int,
+                   timeout_s: float) -> SpanInferenceSession:
+        stream = await SpanStream.connect(p2p, route, INFERENCE_PROTOCOL, timeout_s)
+        try:
+            await stream.request(OpenSession(model_uid, route.start, route.end, batch, max_length), SessionReady)
+        except BaseException:
+            await stream.close()
+            raise
+        return cls(stream)
+
+    async def step(self, position: int, hidden: torch.Tensor, padding_mask: torch.Tensor | None,
+                   hypo_ids: torch.Tensor | None) -> torch.Tensor:
+        reply = await self.stream.request(Step(position, hidden, padding_mask, hypo_ids), StepOutput)
+        return _checked_output(reply.hidden, hidden, self.stream.route)
+
+    async def close(self) -> None:
+        await self.stream.close(CloseSession())
+
+
+async def remote_forward(p2p: P2P, route: SpanRoute, model_uid: str, hidden: torch.Tensor,
+                         padding_mask: torch.Tensor | None, timeout_s: float) -> torch.Tensor:
+    """One full forward of `hidden` through the route's span, on a stream of its own."""
+    stream = await SpanStream.connect(p2p, route, FORWARD_PROTOCOL, timeout_s)
+    try:
+        reply = await stream.request(
+            ForwardRequest(model_uid, route.start, route.end, hidden, padding_mask), StepOutput)
+    finally:
+        await stream.close()
+    return _checked_output(reply.hidden, hidden, route)
+
+
+def _checked_output(output: torch.Tensor, sent: torch.Tensor, route: SpanRoute) -> torch.Tensor:
+    if output.shape != sent.shape or output.dtype != sent.dtype:
+        raise ProtocolError(f"{route.peer_id_str} returned {output.dtype} {list(output.shape)} for "
+                            f"{sent.dtype} {list(sent.shape)}")
+    return output

@@ -1,0 +1,68 @@
+"""A client's connection to the swarm for one model: network, swarm view and the calls models use.
+
+Its methods are synchronous: they run on the client's event loop thread (see runtime.py), so
+a torch model can call them from its forward.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ...p2p import PeerNode
+from .config import ClientConfig
+from .inference_session import InferenceSession
+from .runtime import ClientRuntime
+from .span_session import remote_forward
+from .swarm import SwarmView
+
+__all__ = ["SwarmClient"]
+
+logger = logging.getLogger(__name__)
+
+
+class SwarmClient:
+    def __init__(self, runtime: ClientRuntime, node: PeerNode, swarm: SwarmView, config: ClientConfig):
+        self.runtime, self.node, self.swarm, self.config = runtime, node, swarm, config
+
+    @classmethod
+    def connect(cls, model_uid: str, num_blocks: int, fingerprint: str | None, config: ClientConfig) -> SwarmClient:
+        runtime = ClientRuntime()
+        try:
+            node = runtime.run(PeerNode.create(config.network))
+        except BaseException:
+            runtime.shutdown()
+            raise
+        return cls(runtime, node, SwarmView(node.directory, model_uid, num_blocks, fingerprint), config)
+
+    def open_session(self, max_length: int) -> InferenceSession:
+        """A session whose servers are chosen, and caches reserved, at its first step."""
+        return InferenceSession(self.node.p2p, self.swarm, self.config, max_length)
+
+    def step(self, session: InferenceSession, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None,
+             hypo_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.runtime.run(session.step(hidden, padding_mask, hypo_ids))
+
+    def close_session(self, session: InferenceSession) -> None:
+        self.runtime.run(session.close())
+
+    def forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """A full forward through every block, with no cache kept on the servers."""
+        return self.runtime.run(self._forward(hidden, padding_mask))
+
+    async def _forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
+        route = await self.swarm.route(self.config.missing_blocks_timeout_s, self.config.poll_period_s)
+        for span in route:
+            hidden = await remote_forward(self.node.p2p, span, self.swarm.model_uid, hidden, padding_mask,
+                                          self.config.request_timeout_s)
+        return hidden
+
+    def shutdown(self) -> None:
+        if self.runtime is None:
+            return
+        try:
+            self.runtime.run(self.node.shutdown())
+        finally:
+            self.runtime.shutdown()
+            self.runtime = None

@@ -1,0 +1,2 @@
+def add_generate_parser(commands, add_network_flags):
+    pass

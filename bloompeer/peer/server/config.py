@@ -1,0 +1,24 @@
+"""Everything a server is told at start, in one frozen value built by the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...p2p import DEFAULT_MAX_FRAME_BYTES, NetworkConfig
+
+__all__ = ["ServerConfig"]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str  # local checkpoint directory or hub name
+    start: int  # first block served
+    end: int  # one past the last block served
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    device: str = "cpu"
+    dtype: str = "float32"  # compute and cache dtype: float32, bfloat16 or float16
+    announce_period_s: float = 30.0  # how often the DHT record is refreshed; it expires after 3 periods
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # larger frames are refused unread
+    max_batch: int = 64  # rows per session
+    max_length: int = 8192  # tokens per session (prompt and generated)
+    throughput: float = 0.0  # announced tokens/s through the whole span (0: not measured)

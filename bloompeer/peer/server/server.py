@@ -1,0 +1,119 @@
+"""A running server: its blocks, its place in the network, its handlers and its DHT announcements.
+
+Lifecycle: joining (network up, weights loading) -> online (serving) -> offline (shut down).
+The state is announced on the DHT at each change and re-announced every period, with an
+expiration a few periods ahead, so a server that dies silently disappears on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+
+import torch
+
+from ..._version import __version__
+from ...blocks import BlockSpan, Checkpoint, open_checkpoint
+from ...p2p import (
+    FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PeerNode, ServerInfo, ServerRecord, ServerState, get_dht_time,
+)
+from .backend import SpanBackend
+from .compute import ComputeWorker
+from .config import ServerConfig
+from .handlers import handle_forward_stream, handle_inference_stream, handle_info_stream
+
+__all__ = ["Server"]
+
+logger = logging.getLogger(__name__)
+
+RECORD_LIFETIME_PERIODS = 3
+
+
+class Server:
+    def __init__(self, config: ServerConfig, checkpoint: Checkpoint, node: PeerNode, compute: ComputeWorker):
+        self.config, self.checkpoint, self.node, self.compute = config, checkpoint, node, compute
+        self.model_uid = checkpoint.model_uid
+        self.fingerprint = checkpoint.fingerprint()
+        self.state = ServerState.JOINING
+        self.backend: SpanBackend | None = None
+        self._announcer: asyncio.Task | None = None
+        self._handlers: list[str] = []
+
+    @classmethod
+    async def create(cls, config: ServerConfig) -> Server:
+        """Join the network, load the blocks, register the handlers and announce online."""
+        checkpoint = open_checkpoint(config.model)
+        num_blocks = checkpoint.config().n_layer
+        if not 0 <= config.start < config.end <= num_blocks:
+            raise ValueError(f"--blocks {config.start}:{config.end} is not a range within {checkpoint.model_uid}'s "
+                             f"{num_blocks} blocks (0:{num_blocks})")
+        node = await PeerNode.create(config.network)
+        server = cls(config, checkpoint, node, ComputeWorker())
+        try:
+            await server._start()
+        except BaseException:
+            await server.shutdown()
+            raise
+        return server
+
+    async def _start(self) -> None:
+        await self.announce()
+        load = functools.partial(BlockSpan.from_checkpoint, self.checkpoint, self.config.start, self.config.end,
+                                 getattr(torch, self.config.dtype), self.config.device)
+        span = await self.compute.run(load)  # keeps the loop (and the DHT node) responsive while loading
+        self.backend = SpanBackend(span, self.model_uid, self.config, self.compute)
+        handlers = {
+            INFERENCE_PROTOCOL: functools.partial(handle_inference_stream, self.backend),
+            FORWARD_PROTOCOL: functools.partial(handle_forward_stream, self.backend),
+            INFO_PROTOCOL: functools.partial(handle_info_stream, self.info),
+        }
+        for name, handler in handlers.items():
+            await self.node.p2p.add_binary_stream_handler(name, handler)
+            self._handlers.append(name)
+        self.state = ServerState.ONLINE
+        await self.announce()
+        self._announcer = asyncio.create_task(self._announce_periodically(), name="bloompeer-announcer")
+
+    def info(self) -> ServerInfo:
+        return ServerInfo(self.model_uid, self.config.start, self.config.end, self.state.value, __version__,
+                          self.config.dtype)
+
+    def record(self) -> ServerRecord:
+        return ServerRecord(
+            peer_id=self.node.peer_id_str, state=self.state, start=self.config.start, end=self.config.end,
+            throughput=self.config.throughput, cache_tokens_left=self.config.max_batch * self.config.max_length,
+            dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint, relayed=False,
+        )
+
+    async def announce(self) -> bool:
+        expiration = get_dht_time() + RECORD_LIFETIME_PERIODS * self.config.announce_period_s
+        blocks = range(self.config.start, self.config.end)
+        ok = await self.node.directory.announce(self.model_uid, blocks, self.record(), expiration)
+        if not ok:
+            logger.warning("Could not announce %s blocks %d:%d as %s on the DHT (will retry)",
+                           self.model_uid, self.config.start, self.config.end, self.state.value)
+        return ok
+
+    async def _announce_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.announce_period_s)
+            await self.announce()
+
+    async def shutdown(self) -> None:
+        """Announce offline and release everything. Idempotent."""
+        if self.state is ServerState.OFFLINE:
+            return
+        self.state = ServerState.OFFLINE
+        if self._announcer is not None:
+            self._announcer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._announcer
+        try:
+            await self.announce()
+            for name in self._handlers:
+                await self.node.p2p.remove_binary_stream_handler(name)
+        finally:
+            await self.node.shutdown()
+            self.compute.shutdown()
