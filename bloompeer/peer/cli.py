@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -15,12 +17,14 @@ import sys
 from collections.abc import Awaitable, Callable
 
 from .. import _version
+from .local_swarm import EXIT_WITH_PARENT_ENV
 
 __all__ = ["main", "build_parser"]
 
 logger = logging.getLogger("bloompeer")
 
 INITIAL_PEERS_ENV = "BLOOMPEER_INITIAL_PEERS"
+_PR_SET_PDEATHSIG = 1
 
 
 def _add_network_flags(parser: argparse.ArgumentParser, listen_default: str) -> None:
@@ -144,7 +148,19 @@ def _configure_logging(verbose: bool) -> None:
         logging.getLogger("hivemind").setLevel(logging.WARNING)
 
 
+def _exit_with_parent() -> None:
+    """For children of a LocalSwarm: get SIGTERM when the parent dies, however it dies (Linux)."""
+    parent = os.environ.pop(EXIT_WITH_PARENT_ENV, None)
+    if parent is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(parent):  # the parent died before prctl took effect
+        sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _exit_with_parent()
     args = build_parser().parse_args(argv)
     _configure_logging(args.verbose)
     commands: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {"dht": run_dht, "serve": run_serve}

@@ -1,2 +1,109 @@
-def add_generate_parser(commands, add_network_flags):
-    pass
+"""`bloompeer generate`: text from a prompt, through a swarm (given, or started locally)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+
+__all__ = ["add_generate_parser", "run_generate"]
+
+logger = logging.getLogger(__name__)
+
+
+def add_generate_parser(commands, add_network_flags) -> None:
+    generate = commands.add_parser(
+        "generate", help="generate text through the swarm",
+        description="Generate a continuation of PROMPT, printing it as tokens arrive. The embeddings and the LM "
+                    "head run here; every transformer block runs on the swarm's servers. With no "
+                    "--initial-peers (and no $BLOOMPEER_INITIAL_PEERS), a local swarm of a bootstrap peer and "
+                    "two servers is started for the model and stopped afterwards.")
+    generate.add_argument("prompt", help="text to continue")
+    generate.add_argument("--model", default=None,
+                          help="local checkpoint directory or hub name (default: a tiny random-weight BLOOM, "
+                               "created once in the cache directory)")
+    generate.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to generate (32)")
+    sampling = generate.add_argument_group("decoding (greedy unless a sampling flag is given)")
+    sampling.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    sampling.add_argument("--temperature", type=float, default=None, metavar="T", help="sample with temperature T")
+    sampling.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K likeliest tokens")
+    sampling.add_argument("--top-p", type=float, default=None, metavar="P",
+                          help="sample from the smallest set of tokens with probability >= P")
+    sampling.add_argument("--seed", type=int, default=None, help="random seed, for reproducible sampling")
+    generate.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                          help="how long to wait for servers of missing blocks before giving up (60)")
+    add_network_flags(generate, "/ip4/127.0.0.1/tcp/0")
+
+
+def _sampling_kwargs(args: argparse.Namespace) -> dict:
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    sampling = {name: value for name, value in sampling.items() if value is not None}
+    if args.greedy and sampling:
+        raise ValueError("--greedy cannot be combined with --temperature, --top-k or --top-p")
+    if not sampling:
+        return {"do_sample": False}
+    return {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0, **sampling}
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from ..p2p import BloompeerError
+    from .cli import _initial_peers
+
+    try:
+        sampling = _sampling_kwargs(args)
+        with contextlib.ExitStack() as stack:
+            model_path = args.model
+            if model_path is None:
+                from .default_model import ensure_default_model
+
+                model_path = str(ensure_default_model())
+            initial_peers = _initial_peers(args)
+            if not initial_peers:
+                initial_peers = _start_local_swarm(model_path, stack)
+            _generate(args, model_path, initial_peers, sampling)
+        return 0
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        logger.info("Interrupted")
+        return 130
+    except (BloompeerError, ValueError, OSError) as exc:
+        logger.error("%s", exc)
+        return 1
+
+
+def _start_local_swarm(model_path: str, stack: contextlib.ExitStack) -> tuple[str, ...]:
+    from ..blocks import open_checkpoint
+    from .local_swarm import LocalSwarm, split_blocks
+
+    num_blocks = open_checkpoint(model_path).config().n_layer
+    spans = split_blocks(num_blocks, 2)
+    logger.info("No --initial-peers given: starting a local swarm (a bootstrap peer and servers for blocks %s)",
+                ", ".join(f"{start}:{end}" for start, end in spans))
+    swarm = stack.enter_context(LocalSwarm(model_path, spans))
+    return tuple(swarm.initial_peers)
+
+
+def _generate(args: argparse.Namespace, model_path: str, initial_peers: tuple[str, ...], sampling: dict) -> None:
+    import torch
+    from transformers import AutoTokenizer, TextStreamer
+
+    from ..p2p import NetworkConfig
+    from .client.config import ClientConfig
+    from .client.model import DistributedBloomForCausalLM
+
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    network = NetworkConfig(initial_peers=initial_peers, host_maddrs=tuple(args.host_maddrs),
+                            announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity_path,
+                            client_mode=True)
+    config = ClientConfig(network=network, missing_blocks_timeout_s=args.timeout)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    inputs = tokenizer(args.prompt, return_tensors="pt")
+    with DistributedBloomForCausalLM.from_pretrained(model_path, client_config=config) as model:
+        print(args.prompt, end="", flush=True)
+        streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+        with torch.inference_mode():
+            model.generate(**inputs, max_new_tokens=args.max_new_tokens, streamer=streamer,
+                           pad_token_id=tokenizer.pad_token_id, **sampling)

@@ -1,0 +1,79 @@
+"""The `bloompeer` command as a user runs it: real processes, output on stdout, clean exits."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+
+import torch
+from transformers import AutoTokenizer
+
+from .conftest import MARKER_ENV, processes_with_env
+
+CLI = [sys.executable, "-m", "bloompeer"]
+
+
+def _run(args, env=None, timeout=180):
+    env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k != "BLOOMPEER_INITIAL_PEERS"}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_generate_prints_the_same_continuation_as_hf(swarm, tiny_checkpoint, reference_model):
+    prompt = "A swarm of peers"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        expected = reference_model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    result = _run(["generate", prompt, "--model", str(tiny_checkpoint), "--max-new-tokens", "8",
+                   "--initial-peers", *swarm.initial_peers])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip("\n") == prompt + tokenizer.decode(expected[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def test_initial_peers_from_the_environment(swarm, tiny_checkpoint):
+    result = _run(["generate", "env", "--model", str(tiny_checkpoint), "--max-new-tokens", "2"],
+                  env={"BLOOMPEER_INITIAL_PEERS": " ".join(swarm.initial_peers)})
+    assert result.returncode == 0 and result.stdout.startswith("env"), result.stderr
+
+
+def test_generate_waits_for_missing_blocks_then_fails_clearly(swarm, tiny_checkpoint, tmp_path):
+    unserved = tmp_path / "unserved-model"  # same weights under a name no server announces
+    shutil.copytree(tiny_checkpoint, unserved)
+    result = _run(["generate", "x", "--model", str(unserved), "--timeout", "2", "--initial-peers",
+                   *swarm.initial_peers])
+    assert result.returncode == 1
+    assert "waiting" in result.stderr.lower() and "block(s) 0:4 of unserved-model" in result.stderr
+
+
+def test_generate_without_peers_runs_a_local_swarm_and_leaves_nothing(tmp_path):
+    marker = uuid.uuid4().hex
+    result = _run(["generate", "Hello", "--max-new-tokens", "4"],
+                  env={"BLOOMPEER_CACHE": str(tmp_path), MARKER_ENV: marker})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Hello") and len(result.stdout.rstrip("\n")) > len("Hello")
+    assert "tiny random-weight BLOOM" in result.stderr  # the user is told what the default model is
+    assert processes_with_env(MARKER_ENV, marker) == []
+
+
+def test_bad_arguments_are_explained():
+    result = _run(["serve", "--model", "x", "--blocks", "4:2"])
+    assert result.returncode == 2 and "start < end" in result.stderr
+    result = _run(["generate", "x", "--greedy", "--temperature", "0.5", "--initial-peers", "/ip4/127.0.0.1/tcp/1"])
+    assert result.returncode == 1 and "--greedy cannot be combined" in result.stderr
+
+
+def test_serve_refuses_blocks_beyond_the_model(swarm, tiny_checkpoint):
+    result = _run(["serve", "--model", str(tiny_checkpoint), "--blocks", "2:9", "--initial-peers",
+                   *swarm.initial_peers])
+    assert result.returncode == 1 and "not a range within" in result.stderr
+
+
+def test_server_stops_on_sigterm_and_leaves_nothing_running(swarm):
+    marker = uuid.uuid4().hex
+    server = swarm.add_server(0, 1, name="sigterm-test", env={MARKER_ENV: marker})
+    assert len(processes_with_env(MARKER_ENV, marker)) >= 2  # the server and its p2pd
+    server.signal(signal.SIGTERM)
+    assert server.process.wait(timeout=30) == 0
+    assert processes_with_env(MARKER_ENV, marker) == []

@@ -1,0 +1,99 @@
+"""BlockSpan and SessionCache against transformers' BloomModel on the same weights."""
+
+import shutil
+
+import pytest
+import torch
+
+from bloompeer.blocks import BlockSpan, SessionCache, block_prefix, open_checkpoint
+
+IDS = torch.tensor([[0, 0, 5, 6, 7, 8, 9], [11, 12, 13, 14, 15, 16, 17]])
+MASK = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+
+
+def _embed(reference, ids):
+    return reference.transformer.word_embeddings_layernorm(reference.transformer.word_embeddings(ids))
+
+
+def _logits(reference, hidden):
+    return reference.lm_head(reference.transformer.ln_f(hidden))
+
+
+@pytest.fixture(scope="module")
+def spans(tiny_checkpoint):
+    checkpoint = open_checkpoint(tiny_checkpoint)
+    return BlockSpan.from_checkpoint(checkpoint, 0, 1, torch.float32), BlockSpan.from_checkpoint(
+        checkpoint, 1, 4, torch.float32)
+
+
+@torch.no_grad()
+def test_full_forward_equals_hf(spans, reference_model):
+    expected = reference_model(IDS, attention_mask=MASK).logits
+    hidden = _embed(reference_model, IDS)
+    for span in spans:
+        hidden = span(hidden, MASK.bool())
+    real = MASK.bool()
+    torch.testing.assert_close(_logits(reference_model, hidden)[real], expected[real], rtol=0, atol=1e-5)
+
+
+@torch.no_grad()
+def test_incremental_steps_with_cache_equal_hf(spans, reference_model, tiny_checkpoint):
+    config = open_checkpoint(tiny_checkpoint).config()
+    expected = reference_model(IDS, attention_mask=MASK).logits
+    hidden = _embed(reference_model, IDS)
+    caches = [SessionCache(config, span.start, span.end, batch=2, max_length=16, dtype=torch.float32)
+              for span in spans]
+    outputs = []
+    for position, num_new in [(0, 4), (4, 1), (5, 2)]:
+        step = hidden[:, position:position + num_new]
+        for span, cache in zip(spans, caches):
+            step = span(step, cache.begin_step(position, MASK[:, position:position + num_new].bool(), num_new), cache)
+        outputs.append(step)
+    real = MASK.bool()
+    torch.testing.assert_close(_logits(reference_model, torch.cat(outputs, 1))[real], expected[real],
+                               rtol=0, atol=1e-5)
+
+
+@torch.no_grad()
+def test_rewind_and_reorder(spans, tiny_checkpoint):
+    """Replaying from an earlier position, or reordering rows, gives what a fresh cache would."""
+    config = open_checkpoint(tiny_checkpoint).config()
+    span = spans[1]
+    hidden = torch.randn(2, 5, config.hidden_size)
+    cache = SessionCache(config, span.start, span.end, batch=2, max_length=8, dtype=torch.float32)
+    span(hidden[:, :3], cache.begin_step(0, None, 3), cache)
+    span(torch.randn(2, 2, config.hidden_size), cache.begin_step(3, None, 2), cache)  # to be overwritten
+    rewound = span(hidden[:, 3:], cache.begin_step(3, None, 2), cache)
+    fresh = span(hidden, None)
+    torch.testing.assert_close(rewound, fresh[:, 3:], rtol=0, atol=1e-5)
+    cache.reorder(torch.tensor([1, 1]))
+    last = torch.randn(1, 1, config.hidden_size).expand(2, 1, -1)
+    reordered = span(last, cache.begin_step(5, None, 1), cache)
+    torch.testing.assert_close(reordered[0], reordered[1])
+    expected_row = span(torch.cat([hidden[1:], last[1:]], 1), None)[:, -1]
+    torch.testing.assert_close(reordered[:, 0], expected_row.expand(2, -1), rtol=0, atol=1e-5)
+
+
+def test_loading_reads_only_the_shards_of_its_blocks(tiny_checkpoint, tmp_path, reference_model):
+    """A server of blocks 2:4 works with every other shard deleted from its copy of the checkpoint."""
+    checkpoint = open_checkpoint(tiny_checkpoint)
+    weight_map = checkpoint.weight_map()
+    needed = {shard for name, shard in weight_map.items() if name.startswith((block_prefix(2), block_prefix(3)))}
+    assert len(set(weight_map.values()) - needed) >= 2, "the fixture must shard the checkpoint finely"
+    for path in tiny_checkpoint.iterdir():
+        if path.suffix != ".safetensors" or path.name in needed:
+            shutil.copy(path, tmp_path / path.name)
+    span = BlockSpan.from_checkpoint(open_checkpoint(tmp_path), 2, 4, torch.float32)
+    for offset, block in enumerate(span.blocks):
+        reference = reference_model.transformer.h[2 + offset].state_dict()
+        for name, tensor in block.state_dict().items():
+            assert torch.equal(tensor, reference[name]), name
+    with pytest.raises(Exception):  # and the deleted shards really were needed by other blocks
+        BlockSpan.from_checkpoint(open_checkpoint(tmp_path), 0, 1, torch.float32)
+
+
+def test_span_refuses_ranges_outside_the_model(tiny_checkpoint):
+    config = open_checkpoint(tiny_checkpoint).config()
+    for start, end in [(0, 0), (3, 2), (0, 5), (-1, 2)]:
+        with pytest.raises(ValueError):
+            BlockSpan(config, start, end)

@@ -1,0 +1,62 @@
+"""Dependencies point down: peer -> (p2p, blocks); p2p and blocks never import each other or peer;
+client and server never import each other. Checked on the source, and by importing each module alone."""
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bloompeer
+
+PACKAGE_DIR = Path(bloompeer.__file__).parent
+MODULES = sorted(
+    ".".join(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts).removesuffix(".__init__")
+    for path in PACKAGE_DIR.rglob("*.py") if path.name != "__main__.py"
+)
+FORBIDDEN = {
+    "bloompeer.blocks": ("bloompeer.p2p", "bloompeer.peer"),
+    "bloompeer.p2p": ("bloompeer.blocks", "bloompeer.peer"),
+    "bloompeer.peer.client": ("bloompeer.peer.server",),
+    "bloompeer.peer.server": ("bloompeer.peer.client",),
+}
+
+
+def _imports(module: str) -> set[str]:
+    path = PACKAGE_DIR.parent / Path(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level \
+                else node.module
+            found.add(base)
+    return found
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_imports_point_down(module):
+    for layer, forbidden in FORBIDDEN.items():
+        if module == layer or module.startswith(layer + "."):
+            bad = {name for name in _imports(module) if name.startswith(forbidden)}
+            assert not bad, f"{module} imports {bad}"
+
+
+def test_every_module_imports_alone():
+    """No circular imports: each module can be the first bloompeer module imported.
+
+    One interpreter, with bloompeer's modules dropped from sys.modules before each import
+    (third-party packages stay loaded, which keeps this fast)."""
+    script = (
+        "import importlib, sys\n"
+        "for m in sys.argv[1:]:\n"
+        "    for name in [n for n in sys.modules if n == 'bloompeer' or n.startswith('bloompeer.')]:\n"
+        "        del sys.modules[name]\n"
+        "    importlib.import_module(m)\n"
+    )
+    subprocess.run([sys.executable, "-c", script, *MODULES], check=True, timeout=300)

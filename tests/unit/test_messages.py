@@ -1,0 +1,63 @@
+import pytest
+import torch
+
+from bloompeer.p2p import (
+    CloseSession, ErrorCode, ErrorFrame, ForwardRequest, OpenSession, ProtocolError, ServerInfo, SessionReady, Step,
+    StepOutput, decode_message, pack, tensor_to_wire, unpack,
+)
+
+MESSAGES = [
+    OpenSession("m", 0, 4, 2, 128),
+    SessionReady(),
+    Step(5, torch.randn(2, 1, 8)),
+    Step(0, torch.randn(2, 3, 8), torch.tensor([[False, True, True], [True, True, True]]), torch.tensor([1, 0])),
+    StepOutput(torch.randn(1, 1, 8).to(torch.bfloat16)),
+    CloseSession(),
+    ForwardRequest("m", 1, 2, torch.randn(1, 4, 8), torch.ones(1, 4, dtype=torch.bool)),
+    ErrorFrame(ErrorCode.BUSY, "no room"),
+    ServerInfo("m", 0, 4, "online", "0.1.0", "float32"),
+]
+
+
+def _equal(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_round_trip_through_bytes(message):
+    decoded = decode_message(unpack(pack(message.to_wire())), type(message))
+    assert type(decoded) is type(message)
+    assert all(_equal(getattr(message, f), getattr(decoded, f)) for f in message.__dataclass_fields__)
+
+
+@pytest.mark.parametrize("frame", [
+    {"type": "open", "model": "m", "start": 0, "end": 4, "batch": 1},  # missing max_length
+    {"type": "open", "model": "m", "start": 0, "end": 4, "batch": 1, "max_length": 8, "evil": 1},
+    {"type": "open", "model": "m", "start": -1, "end": 4, "batch": 1, "max_length": 8},
+    {"type": "open", "model": "m", "start": 0, "end": 4, "batch": 0, "max_length": 8},
+    {"type": "open", "model": "m", "start": True, "end": 4, "batch": 1, "max_length": 8},
+    {"type": "open", "model": 5, "start": 0, "end": 4, "batch": 1, "max_length": 8},
+    {"type": "open", "model": "m" * 5000, "start": 0, "end": 4, "batch": 1, "max_length": 8},
+    {"type": "step", "position": 0},
+    {"type": "step", "position": "0", "hidden": None},
+    {"type": "step", "position": 0, "hidden": {**tensor_to_wire(torch.zeros(1, 1, 2)), "dtype": "int64"}},
+    {"type": "unknown"},
+    {"no_type": 1},
+])
+def test_malformed_frames_are_refused(frame):
+    with pytest.raises(ProtocolError):
+        decode_message(frame, OpenSession, Step, CloseSession)
+
+
+def test_only_expected_types_are_accepted():
+    with pytest.raises(ProtocolError):
+        decode_message(CloseSession().to_wire(), OpenSession)
+    with pytest.raises(ProtocolError):  # a client cannot send the server an error frame as a request
+        decode_message(ErrorFrame(ErrorCode.INTERNAL, "x").to_wire(), OpenSession, Step)
+
+
+def test_unknown_error_code_from_a_newer_peer_reads_as_internal():
+    frame = {"type": "error", "code": "brand_new_code", "message": "?"}
+    assert decode_message(frame, ErrorFrame).code is ErrorCode.INTERNAL
