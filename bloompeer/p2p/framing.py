@@ -59,6 +59,5 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int = DEFAULT_MAX_
 
 async def write_frame(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
     payload = pack(message)
-    writer.write(len(payload).to_bytes(HEADER_BYTES, "big"))
-    writer.write(payload)
+    writer.write(len(payload).to_bytes(HEADER_BYTES, "big") + payload)  # one write: one packet when small
     await writer.drain()

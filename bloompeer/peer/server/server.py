@@ -50,7 +50,7 @@ class Server:
             raise ValueError(f"--blocks {config.start}:{config.end} is not a range within {checkpoint.model_uid}'s "
                              f"{num_blocks} blocks (0:{num_blocks})")
         node = await PeerNode.create(config.network)
-        server = cls(config, checkpoint, node, ComputeWorker())
+        server = cls(config, checkpoint, node, ComputeWorker(config.device))
         try:
             await server._start()
         except BaseException:
