@@ -6,6 +6,7 @@ a torch model can call them from its forward.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import torch
@@ -25,6 +26,10 @@ logger = logging.getLogger(__name__)
 class SwarmClient:
     def __init__(self, runtime: ClientRuntime, node: PeerNode, swarm: SwarmView, config: ClientConfig):
         self.runtime, self.node, self.swarm, self.config = runtime, node, swarm, config
+        self._refresher = runtime.run(self._start_refresher())
+
+    async def _start_refresher(self) -> asyncio.Task:
+        return asyncio.create_task(self.swarm.keep_fresh(), name="bloompeer-swarm-view")
 
     @classmethod
     def connect(cls, model_uid: str, num_blocks: int, fingerprint: str | None, config: ClientConfig) -> SwarmClient:
@@ -34,7 +39,8 @@ class SwarmClient:
         except BaseException:
             runtime.shutdown()
             raise
-        return cls(runtime, node, SwarmView(node.directory, model_uid, num_blocks, fingerprint), config)
+        view = SwarmView(node.directory, model_uid, num_blocks, fingerprint, config.swarm_refresh_period_s)
+        return cls(runtime, node, view, config)
 
     def open_session(self, max_length: int) -> InferenceSession:
         """A session whose servers are chosen, and caches reserved, at its first step."""
@@ -62,7 +68,12 @@ class SwarmClient:
         if self.runtime is None:
             return
         try:
-            self.runtime.run(self.node.shutdown())
+            self.runtime.run(self._stop())
         finally:
             self.runtime.shutdown()
             self.runtime = None
+
+    async def _stop(self) -> None:
+        self._refresher.cancel()
+        await asyncio.gather(self._refresher, return_exceptions=True)
+        await self.node.shutdown()

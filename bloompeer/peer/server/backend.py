@@ -21,11 +21,7 @@ class SpanBackend:
         self.span, self.model_uid, self.config, self.compute = span, model_uid, config, compute
         self.dtype = getattr(torch, config.dtype)
         self.hidden_size = span.config.hidden_size
-        self.params_per_block = sum(p.numel() for p in span.parameters()) // span.num_blocks
 
-    def _work(self, hidden: torch.Tensor, start: int, end: int) -> float:
-        """Rows x parameters of running `hidden` through blocks [start, end): sizes the compute."""
-        return hidden.shape[0] * hidden.shape[1] * self.params_per_block * (end - start)
 
     def check_range(self, model: str, start: int, end: int) -> None:
         if model != self.model_uid:
@@ -71,7 +67,7 @@ class SpanBackend:
         if hypo_ids is not None and (hypo_ids.shape != (cache.batch,) or not bool(
                 ((hypo_ids >= 0) & (hypo_ids < cache.batch)).all())):
             raise ProtocolError(f"hypo_ids must be [{cache.batch}] indices into the batch")
-        return await self.compute.run(self._step, cache, step, work=self._work(step.hidden, cache.start, cache.end))
+        return await self.compute.run(self._step, cache, step, rows=step.hidden.shape[0] * num_new)
 
     def _step(self, cache: SessionCache, step: Step) -> torch.Tensor:
         with torch.inference_mode():
@@ -89,8 +85,7 @@ class SpanBackend:
         if request.hidden.shape[0] > self.config.max_batch:
             raise ProtocolError(f"batch {request.hidden.shape[0]} exceeds the limit of {self.config.max_batch}",
                                 ErrorCode.TOO_LARGE)
-        return await self.compute.run(self._forward, request,
-                                      work=self._work(request.hidden, request.start, request.end))
+        return await self.compute.run(self._forward, request, rows=request.hidden.shape[:2].numel())
 
     def _forward(self, request: ForwardRequest) -> torch.Tensor:
         with torch.inference_mode():

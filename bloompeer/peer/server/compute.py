@@ -1,9 +1,9 @@
 """The server's compute thread: every torch call on the serving path runs here, off the event loop.
 
 One thread per device keeps a forward from stalling the network and keeps kernels from
-competing for the same cores. On CPU it also picks torch's intra-op thread count per call:
-small work (a decode step of a few rows) runs faster on one thread than on several, because
-splitting a tiny matmul costs more than it saves.
+competing for the same cores. On CPU it also picks torch's intra-op thread count per call: a
+decode step of a few rows is bound by memory bandwidth, and splitting it over threads cost
+more than it saved.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["ComputeWorker", "SINGLE_THREAD_WORK"]
+__all__ = ["ComputeWorker", "SINGLE_THREAD_MAX_ROWS"]
 
 T = TypeVar("T")
 
-# Below this many (rows x parameters) a call runs on one thread. Measured on a 2-core CPU with
-# BLOOM blocks of hidden size 64..1024: one token of one row was as fast or faster on one thread
-# at every size (hidden 1024: 9.4 ms vs 11.0 ms for two blocks), 8 rows were faster on two.
-SINGLE_THREAD_WORK = 3e7
+# Calls of at most this many rows (batch x new tokens) run on one thread. Measured on a 2-core
+# CPU with BLOOM blocks of hidden size 64..1024: one row was as fast or faster on one thread at
+# every size (hidden 1024, two blocks: 9.4 ms vs 11.0 ms); 8 rows were faster on two threads.
+SINGLE_THREAD_MAX_ROWS = 4
 
 
 class ComputeWorker:
@@ -32,13 +32,13 @@ class ComputeWorker:
         self._max_threads = torch.get_num_threads()
         self._threads = None  # what the compute thread is set to (a per-thread OpenMP setting)
 
-    async def run(self, fn: Callable[..., T], *args, work: float = float("inf")) -> T:
-        """Run fn(*args) on the compute thread; `work` is rows x parameters, for the thread count."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn, args, work)
+    async def run(self, fn: Callable[..., T], *args, rows: int = 1 << 30) -> T:
+        """Run fn(*args) on the compute thread; `rows` (batch x tokens) sizes its thread count."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn, args, rows)
 
-    def _call(self, fn: Callable[..., T], args: tuple, work: float) -> T:
+    def _call(self, fn: Callable[..., T], args: tuple, rows: int) -> T:
         if self._cpu:
-            threads = 1 if work < SINGLE_THREAD_WORK else self._max_threads
+            threads = 1 if rows <= SINGLE_THREAD_MAX_ROWS else self._max_threads
             if threads != self._threads:
                 torch.set_num_threads(threads)
                 self._threads = threads

@@ -1,0 +1,55 @@
+"""The hub code path (huggingface_hub's cache and download functions), exercised offline through a
+local hub cache that holds only some shards: what a server needs must be all it asks for."""
+
+import shutil
+
+import huggingface_hub.constants
+import pytest
+import torch
+
+from bloompeer.blocks import BlockSpan, CheckpointError, block_prefix, open_checkpoint
+
+REPO = "bloompeer-test/tiny-bloom"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def partial_hub_cache(tiny_checkpoint, tmp_path, monkeypatch):
+    """A hub cache with the config, the index and only the shards holding blocks 2 and 3."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no test touches the network
+    repo_dir = tmp_path / f"models--{REPO.replace('/', '--')}"
+    snapshot = repo_dir / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(COMMIT)
+    weight_map = open_checkpoint(tiny_checkpoint).weight_map()
+    needed = {shard for name, shard in weight_map.items() if name.startswith((block_prefix(2), block_prefix(3)))}
+    for path in tiny_checkpoint.iterdir():
+        if path.suffix != ".safetensors" or path.name in needed:
+            shutil.copy(path, snapshot / path.name)
+    return tmp_path
+
+
+def test_a_hub_name_loads_from_the_hub_cache(partial_hub_cache, reference_model):
+    checkpoint = open_checkpoint(REPO, cache_dir=str(partial_hub_cache))
+    assert checkpoint.local_dir is None and checkpoint.model_uid == "tiny-bloom"
+    span = BlockSpan.from_checkpoint(checkpoint, 2, 4, torch.float32)
+    expected = reference_model.transformer.h[3].state_dict()
+    assert all(torch.equal(t, expected[n]) for n, t in span.blocks[1].state_dict().items())
+
+
+def test_a_missing_shard_is_a_clear_error(partial_hub_cache):
+    checkpoint = open_checkpoint(REPO, cache_dir=str(partial_hub_cache))
+    with pytest.raises(CheckpointError, match="has no file"):
+        BlockSpan.from_checkpoint(checkpoint, 0, 1, torch.float32)
+
+
+def test_fingerprint_is_the_same_from_the_hub_and_from_a_directory(partial_hub_cache, tiny_checkpoint):
+    assert open_checkpoint(REPO, cache_dir=str(partial_hub_cache)).fingerprint() == \
+        open_checkpoint(tiny_checkpoint).fingerprint()
+
+
+@pytest.mark.parametrize("name", ["./no-such-dir", "/abs/missing", "a/b/c"])
+def test_paths_that_are_not_checkpoints(name):
+    with pytest.raises(CheckpointError):
+        open_checkpoint(name)
