@@ -2,9 +2,9 @@
 
 from .checkpoint import CLIENT_TENSOR_PREFIXES, Checkpoint, CheckpointError, block_prefix, open_checkpoint
 from .kv_cache import SessionCache
-from .span import BlockSpan, attention_bias
+from .span import BlockSpan, Segment, attention_bias
 
 __all__ = [
-    "BlockSpan", "Checkpoint", "CheckpointError", "CLIENT_TENSOR_PREFIXES", "SessionCache",
+    "BlockSpan", "Checkpoint", "CheckpointError", "CLIENT_TENSOR_PREFIXES", "Segment", "SessionCache",
     "attention_bias", "block_prefix", "open_checkpoint",
 ]

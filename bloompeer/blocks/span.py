@@ -1,13 +1,19 @@
-"""A contiguous range of BLOOM blocks: what one server computes for one step.
+"""A contiguous range of BLOOM blocks: what one server computes, for one request or many at once.
 
-The blocks are transformers' own BloomBlock modules, so the arithmetic is HF's; this module
-adds what the full BloomModel would otherwise compute around them: the ALiBi bias from the
-padding mask, and the causal mask for the new tokens against everything cached.
+The weights live in transformers' own BloomBlock modules. The forward is written out here, op
+for op as HF's BloomBlock computes it (same kernels, same order, so one request alone gives
+bitwise HF results), because a server batches the steps of different sessions: the linear
+layers, which read all the weights, run once on every session's rows together, while attention
+runs per session against that session's own cache, length and padding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import BloomConfig
 from transformers.models.bloom.modeling_bloom import BloomBlock, build_alibi_tensor
@@ -15,7 +21,7 @@ from transformers.models.bloom.modeling_bloom import BloomBlock, build_alibi_ten
 from .checkpoint import Checkpoint, block_prefix
 from .kv_cache import SessionCache
 
-__all__ = ["BlockSpan", "attention_bias"]
+__all__ = ["BlockSpan", "Segment", "attention_bias"]
 
 
 def attention_bias(padding_mask: torch.Tensor, num_new: int, dtype: torch.dtype) -> torch.Tensor:
@@ -33,6 +39,34 @@ def attention_bias(padding_mask: torch.Tensor, num_new: int, dtype: torch.dtype)
     return torch.where(allowed, zero, torch.finfo(dtype).min)
 
 
+@dataclass
+class Segment:
+    """One request's part of a pass through the span.
+
+    hidden: [batch, num_new, hidden_size]. padding_mask: [batch, kv_length] bool, False at
+    padding, over the cached tokens and the new ones (None: no padding, no cache). cache: where
+    the request's keys and values go (None for a forward that keeps nothing).
+    """
+
+    hidden: torch.Tensor
+    padding_mask: torch.Tensor | None = None
+    cache: SessionCache | None = None
+
+
+class _Attention:
+    """Per-segment attention inputs that are the same for every block: ALiBi bias and mask."""
+
+    def __init__(self, segment: Segment, num_heads: int):
+        batch, num_new, _ = segment.hidden.shape
+        dtype = segment.hidden.dtype
+        mask = segment.padding_mask
+        if mask is None:
+            mask = torch.ones(batch, num_new, dtype=torch.bool, device=segment.hidden.device)
+        self.batch, self.num_new, self.cache = batch, num_new, segment.cache
+        self.alibi = build_alibi_tensor(mask.long(), num_heads, dtype)  # [batch * heads, 1, kv_length]
+        self.bias = attention_bias(mask, num_new, dtype)  # [batch, 1, num_new, kv_length]
+
+
 class BlockSpan(nn.Module):
     """Blocks [start, end) of a BLOOM model."""
 
@@ -40,7 +74,10 @@ class BlockSpan(nn.Module):
         super().__init__()
         if not 0 <= start < end <= config.n_layer:
             raise ValueError(f"blocks {start}:{end} are not a range within the model's {config.n_layer} blocks")
+        if config.pretraining_tp > 1 and config.slow_but_exact:
+            raise NotImplementedError("BLOOM configs with slow_but_exact=True are not supported")
         self.config, self.start, self.end = config, start, end
+        self.num_heads, self.head_dim = config.n_head, config.hidden_size // config.n_head
         self.blocks = nn.ModuleList(BloomBlock(config, layer_idx=i) for i in range(start, end))
 
     @classmethod
@@ -68,17 +105,61 @@ class BlockSpan(nn.Module):
         self, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None, cache: SessionCache | None = None,
         start: int | None = None, end: int | None = None,
     ) -> torch.Tensor:
-        """Run blocks [start, end) (default: all of the span). hidden: [batch, num_new, hidden_size].
+        """One request through blocks [start, end) (default: the whole span); see Segment."""
+        return self.forward_segments([Segment(hidden, padding_mask, cache)], start, end)[0]
 
-        padding_mask: [batch, kv_length] bool, False at padding, covering the cached tokens and
-        the new ones (kv_length = cached + num_new); None means no padding and no cache.
-        """
+    def forward_segments(
+        self, segments: Sequence[Segment], start: int | None = None, end: int | None = None
+    ) -> list[torch.Tensor]:
+        """Several requests through blocks [start, end) in one pass; one output per segment."""
         start, end = self.start if start is None else start, self.end if end is None else end
-        batch, num_new, _ = hidden.shape
-        if padding_mask is None:
-            padding_mask = torch.ones(batch, num_new, dtype=torch.bool, device=hidden.device)
-        alibi = build_alibi_tensor(padding_mask.long(), self.config.n_head, hidden.dtype)
-        bias = attention_bias(padding_mask, num_new, hidden.dtype)
+        attention = [_Attention(segment, self.num_heads) for segment in segments]
+        rows = [segment.hidden.shape[0] * segment.hidden.shape[1] for segment in segments]
+        if len(segments) == 1:
+            hidden = segments[0].hidden  # [batch, num_new, hidden]: HF's own shapes, for bitwise equality
+        else:
+            hidden = torch.cat([segment.hidden.reshape(-1, segment.hidden.shape[-1]) for segment in segments])
         for block in self.blocks[start - self.start : end - self.start]:
-            hidden = block(hidden, alibi=alibi, attention_mask=bias, layer_past=cache, use_cache=cache is not None)[0]
-        return hidden
+            hidden = self._block(block, hidden, attention, rows)
+        if len(segments) == 1:
+            return [hidden]
+        return [part.view_as(segment.hidden) for part, segment in zip(hidden.split(rows), segments)]
+
+    def _block(self, block: BloomBlock, hidden: torch.Tensor, attention: list[_Attention],
+               rows: list[int]) -> torch.Tensor:
+        """BloomBlock.forward, with attention done segment by segment. hidden: [rows..., hidden]."""
+        post_layernorm = self.config.apply_residual_connection_post_layernorm
+        layernorm_output = block.input_layernorm(hidden)
+        residual = layernorm_output if post_layernorm else hidden
+        attn = block.self_attention
+        fused_qkv = attn.query_key_value(layernorm_output)  # [rows..., 3 * hidden]
+        if len(attention) == 1:
+            context = self._attend(attn, fused_qkv, attention[0])
+        else:
+            context = torch.cat([self._attend(attn, part, segment).flatten(0, 1)
+                                 for part, segment in zip(fused_qkv.split(rows), attention)])
+        attention_output = residual + attn.dense(context)
+        layernorm_output = block.post_attention_layernorm(attention_output)
+        residual = layernorm_output if post_layernorm else attention_output
+        mlp = block.mlp
+        return residual + mlp.dense_4h_to_h(mlp.gelu_impl(mlp.dense_h_to_4h(layernorm_output)))
+
+    def _attend(self, attn, fused_qkv: torch.Tensor, segment: _Attention) -> torch.Tensor:
+        """BloomAttention's core for one segment: [batch * num_new, 3 * hidden] -> [batch, num_new, hidden]."""
+        batch, num_new, heads, head_dim = segment.batch, segment.num_new, self.num_heads, self.head_dim
+        fused_qkv = fused_qkv.view(batch, num_new, heads, 3, head_dim)
+        query = fused_qkv[..., 0, :].transpose(1, 2)  # [batch, heads, num_new, head_dim]
+        key = fused_qkv[..., 1, :].transpose(1, 2)
+        value = fused_qkv[..., 2, :].transpose(1, 2)
+        if segment.cache is not None:
+            key, value = segment.cache.update(key, value, attn.layer_idx)  # [batch, heads, kv_length, head_dim]
+        query = query.reshape(batch * heads, -1, head_dim)
+        key = key.reshape(batch * heads, -1, head_dim).transpose(-1, -2)
+        value = value.reshape(batch * heads, -1, head_dim)
+        scores = segment.alibi.baddbmm(batch1=query, batch2=key, beta=attn.beta, alpha=attn.inv_norm_factor)
+        weights = scores.view(batch, heads, num_new, -1) + segment.bias
+        probs = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+        context = torch.bmm(probs.view(batch * heads, num_new, -1), value)  # [batch * heads, num_new, head_dim]
+        context = context.view(batch, heads, num_new, head_dim).permute(0, 2, 1, 3)
+        return context.reshape(batch, num_new, heads * head_dim)
+

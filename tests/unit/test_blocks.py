@@ -97,3 +97,45 @@ def test_span_refuses_ranges_outside_the_model(tiny_checkpoint):
     for start, end in [(0, 0), (3, 2), (0, 5), (-1, 2)]:
         with pytest.raises(ValueError):
             BlockSpan(config, start, end)
+
+
+@torch.no_grad()
+def test_one_request_alone_is_bitwise_hf(spans, reference_model):
+    """Written out op for op as HF's BloomBlock: not close, equal."""
+    hidden = _embed(reference_model, IDS)
+    expected = reference_model(IDS, attention_mask=MASK, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(spans[0](hidden, MASK.bool()), expected[1], rtol=0, atol=0)
+
+
+@torch.no_grad()
+def test_batched_segments_equal_separate_requests(spans, tiny_checkpoint):
+    """Steps of three sessions (different lengths, padding, prefill and decode) in one pass."""
+    from bloompeer.blocks import Segment
+
+    config = open_checkpoint(tiny_checkpoint).config()
+    span = spans[1]
+    torch.manual_seed(0)
+    shapes = [(2, 5), (1, 1), (3, 2)]  # (batch, new tokens) per session
+    prefixes = [0, 7, 3]  # tokens each session has cached already
+
+    def sessions():
+        caches, steps = [], []
+        for (batch, num_new), cached in zip(shapes, prefixes):
+            cache = SessionCache(config, span.start, span.end, batch, 16, torch.float32)
+            if cached:
+                span(torch.randn(batch, cached, config.hidden_size), cache.begin_step(0, None, cached), cache)
+            caches.append(cache)
+            mask = torch.ones(batch, num_new, dtype=torch.bool)
+            mask[0, 0] = num_new == 1 or cached > 0  # some padding in one session's new tokens
+            steps.append((torch.randn(batch, num_new, config.hidden_size), mask))
+        return caches, steps
+
+    torch.manual_seed(1)
+    caches, steps = sessions()
+    separate = [span(h, c.begin_step(c.length, m, h.shape[1]), c) for c, (h, m) in zip(caches, steps)]
+    torch.manual_seed(1)
+    caches, steps = sessions()
+    segments = [Segment(h, c.begin_step(c.length, m, h.shape[1]), c) for c, (h, m) in zip(caches, steps)]
+    batched = span.forward_segments(segments)
+    for one, many in zip(separate, batched):
+        torch.testing.assert_close(many, one, rtol=0, atol=1e-5)
