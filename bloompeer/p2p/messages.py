@@ -35,6 +35,7 @@ INFERENCE_PROTOCOL = f"bloompeer.inference/{PROTOCOL_VERSION}"
 FORWARD_PROTOCOL = f"bloompeer.forward/{PROTOCOL_VERSION}"
 
 MAX_STRING_CHARS = 1024
+MAX_WAIT_S = 3600.0  # the longest a client may ask a server to wait for anything
 _MASK_DTYPES = frozenset({"bool"})
 _INDEX_DTYPES = frozenset({"int64"})
 
@@ -56,6 +57,12 @@ class _Fields:
         if type(value) is not int or value < minimum:
             raise ProtocolError(f"{self.type_name}.{name} must be an int >= {minimum}")
         return value
+
+    def float(self, name: str, maximum: float) -> float:
+        value = self.message[name]
+        if type(value) not in (int, float) or not 0 <= value <= maximum:
+            raise ProtocolError(f"{self.type_name}.{name} must be a number in [0, {maximum}]")
+        return float(value)
 
     def str(self, name: str) -> str:
         value = self.message[name]
@@ -86,7 +93,10 @@ class Message:
 
 @dataclass(frozen=True)
 class OpenSession(Message):
-    """Reserve a KV cache for `batch` x `max_length` tokens over blocks [start, end)."""
+    """Reserve a KV cache for `batch` x `max_length` tokens over blocks [start, end).
+
+    alloc_timeout_s: how long the client is willing to wait for cache room on a busy server.
+    """
 
     TYPE: ClassVar[str] = "open"
     model: str
@@ -94,15 +104,18 @@ class OpenSession(Message):
     end: int
     batch: int
     max_length: int
+    alloc_timeout_s: float = 0.0
 
     def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "model": self.model, "start": self.start, "end": self.end,
-                "batch": self.batch, "max_length": self.max_length}
+                "batch": self.batch, "max_length": self.max_length, "alloc_timeout_s": self.alloc_timeout_s}
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> OpenSession:
-        f = _Fields(message, cls.TYPE, {"model", "start", "end", "batch", "max_length"})
-        return cls(f.str("model"), f.int("start"), f.int("end", 1), f.int("batch", 1), f.int("max_length", 1))
+        f = _Fields(message, cls.TYPE, {"model", "start", "end", "batch", "max_length"}, {"alloc_timeout_s"})
+        alloc_timeout_s = f.float("alloc_timeout_s", MAX_WAIT_S) if "alloc_timeout_s" in message else 0.0
+        return cls(f.str("model"), f.int("start"), f.int("end", 1), f.int("batch", 1), f.int("max_length", 1),
+                   alloc_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -224,15 +237,20 @@ class ServerInfo(Message):
     state: str
     version: str
     dtype: str
+    cache_tokens_left: int
+    sessions: int  # open inference sessions
 
     def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "model": self.model, "start": self.start, "end": self.end,
-                "state": self.state, "version": self.version, "dtype": self.dtype}
+                "state": self.state, "version": self.version, "dtype": self.dtype,
+                "cache_tokens_left": self.cache_tokens_left, "sessions": self.sessions}
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> ServerInfo:
-        f = _Fields(message, cls.TYPE, {"model", "start", "end", "state", "version", "dtype"})
-        return cls(f.str("model"), f.int("start"), f.int("end"), f.str("state"), f.str("version"), f.str("dtype"))
+        f = _Fields(message, cls.TYPE, {"model", "start", "end", "state", "version", "dtype", "cache_tokens_left",
+                                        "sessions"})
+        return cls(f.str("model"), f.int("start"), f.int("end"), f.str("state"), f.str("version"), f.str("dtype"),
+                   f.int("cache_tokens_left"), f.int("sessions"))
 
 
 def decode_message(message: dict[str, Any], *expected: type[Message]) -> Message:

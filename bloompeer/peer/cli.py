@@ -41,6 +41,29 @@ def _add_network_flags(parser: argparse.ArgumentParser, listen_default: str) -> 
                        help="private key file that keeps this peer's id across restarts (created if missing)")
 
 
+def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    from .server.config import ServerConfig
+
+    defaults = ServerConfig(model="", start=0, end=1)
+    group = parser.add_argument_group("capacity and limits (what one server gives its clients)")
+    group.add_argument("--cache-tokens", type=int, default=None, metavar="N",
+                       help="attention cache for all sessions together, in tokens over the served blocks; a new "
+                            "session reserves batch x max_length of it (default: half the free memory)")
+    group.add_argument("--session-timeout", type=float, default=defaults.session_timeout_s, metavar="SECONDS",
+                       help=f"close a session after this long without a step ({defaults.session_timeout_s:.0f})")
+    group.add_argument("--max-batch-tokens", type=int, default=defaults.max_batch_tokens, metavar="N",
+                       help="rows (batch x tokens) computed in one pass; sessions' steps are batched up to it and "
+                            f"longer prompts run in chunks ({defaults.max_batch_tokens})")
+    group.add_argument("--max-step-tokens", type=int, default=defaults.max_step_tokens, metavar="N",
+                       help=f"rows (batch x tokens) one request may send ({defaults.max_step_tokens})")
+    group.add_argument("--max-length", type=int, default=defaults.max_length, metavar="N",
+                       help=f"tokens one session may hold, prompt and output ({defaults.max_length})")
+    group.add_argument("--max-sessions-per-peer", type=int, default=defaults.max_sessions_per_peer, metavar="N",
+                       help=f"sessions one client may have open at once ({defaults.max_sessions_per_peer})")
+    group.add_argument("--max-frame-mb", type=float, default=defaults.max_frame_bytes / 2**20, metavar="MB",
+                       help=f"largest frame accepted ({defaults.max_frame_bytes / 2**20:.0f} MiB)")
+
+
 def _initial_peers(args: argparse.Namespace) -> tuple[str, ...]:
     if args.initial_peers is not None:
         return tuple(args.initial_peers)
@@ -88,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ... (default: cpu)")
     serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="compute and cache dtype (default: float32)")
+    _add_limit_flags(serve)
     _add_network_flags(serve, "/ip4/0.0.0.0/tcp/0")
 
     from .generate_command import add_generate_parser
@@ -123,8 +147,12 @@ async def run_serve(args: argparse.Namespace) -> int:
     from .server.server import Server
 
     start, end = args.blocks
-    config = ServerConfig(model=args.model, start=start, end=end, network=_network_config(args),
-                          device=args.device, dtype=args.dtype)
+    config = ServerConfig(
+        model=args.model, start=start, end=end, network=_network_config(args), device=args.device, dtype=args.dtype,
+        cache_tokens=args.cache_tokens, session_timeout_s=args.session_timeout, max_batch_tokens=args.max_batch_tokens,
+        max_step_tokens=args.max_step_tokens, max_length=args.max_length,
+        max_sessions_per_peer=args.max_sessions_per_peer, max_frame_bytes=int(args.max_frame_mb * 2**20),
+    )
     stopping = asyncio.ensure_future(_wait_for_signal())
     server = await Server.create(config)
     try:

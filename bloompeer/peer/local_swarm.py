@@ -137,8 +137,10 @@ class LocalSwarm:
         return self
 
     def add_server(self, start: int, end: int, extra_args: Sequence[str] = (), wait: bool = True,
-                   name: str | None = None, env: dict[str, str] | None = None) -> PeerProcess:
-        args = ["serve", "--model", self.model, "--blocks", f"{start}:{end}", "--host-maddrs", LOOPBACK,
+                   name: str | None = None, env: dict[str, str] | None = None,
+                   model: str | Path | None = None) -> PeerProcess:
+        """Start one more server (of another model if `model` is given) and, by default, wait for it."""
+        args = ["serve", "--model", str(model or self.model), "--blocks", f"{start}:{end}", "--host-maddrs", LOOPBACK,
                 "--initial-peers", *self.initial_peers, *self.server_args, *extra_args]
         server = PeerProcess(name or f"server{len(self.servers)}-{start}-{end}", args, self.log_dir, env)
         self.servers.append(server)

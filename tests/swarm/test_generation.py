@@ -72,3 +72,35 @@ def test_a_session_refuses_more_than_its_max_length(model):
     with model.inference_session(max_length=4):
         with pytest.raises(ValueError, match="max_length"):
             model(PROMPT)
+
+
+@torch.inference_mode()
+def test_concurrent_sessions_give_the_results_they_give_alone(model, reference_model):
+    """Four sessions stepping at the same time (the servers batch them) match HF token by token."""
+    import asyncio
+
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(4, 200, (1, length), generator=generator) for length in (3, 5, 8, 13)]
+    continuations = [torch.randint(4, 200, (1, 4), generator=generator) for _ in prompts]
+    def embed(ids):
+        return model.transformer.word_embeddings_layernorm(model.transformer.word_embeddings(ids))
+
+    prompt_hidden = [embed(p) for p in prompts]
+    continuation_hidden = [embed(c) for c in continuations]
+    sessions = [model.swarm.open_session(max_length=32) for _ in prompts]
+
+    async def run_all():
+        outputs = await asyncio.gather(*(s.step(h) for s, h in zip(sessions, prompt_hidden)))
+        outputs = [[o] for o in outputs]
+        for t in range(4):
+            steps = await asyncio.gather(*(s.step(h[:, t:t + 1]) for s, h in zip(sessions, continuation_hidden)))
+            for collected, step in zip(outputs, steps):
+                collected.append(step)
+        for session in sessions:
+            await session.close()
+        return [torch.cat(o, dim=1) for o in outputs]
+
+    for hidden, prompt, continuation in zip(model.swarm.runtime.run(run_all()), prompts, continuations):
+        logits = model.lm_head(model.transformer.ln_f(hidden))
+        expected = reference_model(torch.cat([prompt, continuation], dim=1)).logits
+        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4)

@@ -15,7 +15,7 @@ MESSAGES = [
     CloseSession(),
     ForwardRequest("m", 1, 2, torch.randn(1, 4, 8), torch.ones(1, 4, dtype=torch.bool)),
     ErrorFrame(ErrorCode.BUSY, "no room"),
-    ServerInfo("m", 0, 4, "online", "0.1.0", "float32"),
+    ServerInfo("m", 0, 4, "online", "0.1.0", "float32", 1024, 2),
 ]
 
 

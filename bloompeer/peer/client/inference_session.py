@@ -32,7 +32,8 @@ class InferenceSession:
     async def _open(self, batch: int) -> None:
         route = await self.swarm.route(self.config.missing_blocks_timeout_s, self.config.poll_period_s)
         opening = [SpanInferenceSession.open(self.p2p, span, self.swarm.model_uid, batch, self.max_length,
-                                             self.config.request_timeout_s) for span in route]
+                                             self.config.request_timeout_s, self.config.alloc_timeout_s)
+                   for span in route]
         results = await asyncio.gather(*opening, return_exceptions=True)
         self._spans = [result for result in results if isinstance(result, SpanInferenceSession)]
         failures = [result for result in results if isinstance(result, BaseException)]

@@ -37,12 +37,13 @@ class SpanStream:
             raise _unavailable(route, f"could not open a stream: {exc!r}") from exc
         return cls(route, reader, writer, timeout_s)
 
-    async def request(self, message: Message, *expected: type[Message]) -> Message:
+    async def request(self, message: Message, *expected: type[Message], extra_wait_s: float = 0.0) -> Message:
+        timeout_s = self.timeout_s + extra_wait_s
         try:
             await write_frame(self.writer, message.to_wire())
-            frame = await asyncio.wait_for(read_frame(self.reader), self.timeout_s)
+            frame = await asyncio.wait_for(read_frame(self.reader), timeout_s)
         except asyncio.TimeoutError as exc:
-            raise _unavailable(self.route, f"no answer within {self.timeout_s:.0f} s", ErrorCode.TIMEOUT) from exc
+            raise _unavailable(self.route, f"no answer within {timeout_s:.0f} s", ErrorCode.TIMEOUT) from exc
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             raise _unavailable(self.route, f"stream lost: {exc!r}") from exc
         reply = decode_message(frame, ErrorFrame, *expected)
@@ -72,10 +73,11 @@ class SpanInferenceSession:
 
     @classmethod
     async def open(cls, p2p: P2P, route: SpanRoute, model_uid: str, batch: int, max_length: int,
-                   timeout_s: float) -> SpanInferenceSession:
+                   timeout_s: float, alloc_timeout_s: float) -> SpanInferenceSession:
         stream = await SpanStream.connect(p2p, route, INFERENCE_PROTOCOL, timeout_s)
         try:
-            await stream.request(OpenSession(model_uid, route.start, route.end, batch, max_length), SessionReady)
+            request = OpenSession(model_uid, route.start, route.end, batch, max_length, alloc_timeout_s)
+            await stream.request(request, SessionReady, extra_wait_s=alloc_timeout_s)
         except BaseException:
             await stream.close()
             raise

@@ -1,29 +1,35 @@
-"""The blocks a server holds, and the checked computations it runs on them for its peers.
+"""The blocks a server holds, and the checked requests it runs on them for its peers.
 
-Stream handlers decode frames; this module checks that a request fits the model and the
-session (shapes, ranges, positions) and runs it on the compute thread.
+Stream handlers decode frames; this module checks that a request fits the model, the limits
+and the session (shapes, ranges, positions), then hands it to the scheduler.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from ...blocks import BlockSpan, SessionCache
 from ...p2p import ErrorCode, ForwardRequest, OpenSession, ProtocolError, Step
-from .compute import ComputeWorker
 from .config import ServerConfig
+from .scheduler import Scheduler
+from .sessions import Session, SessionRegistry
 
 __all__ = ["SpanBackend"]
 
 
 class SpanBackend:
-    def __init__(self, span: BlockSpan, model_uid: str, config: ServerConfig, compute: ComputeWorker):
-        self.span, self.model_uid, self.config, self.compute = span, model_uid, config, compute
+    def __init__(self, span: BlockSpan, model_uid: str, config: ServerConfig, registry: SessionRegistry,
+                 scheduler: Scheduler, accepting: Callable[[], bool]):
+        self.span, self.model_uid, self.config = span, model_uid, config
+        self.registry, self.scheduler, self.accepting = registry, scheduler, accepting
         self.dtype = getattr(torch, config.dtype)
         self.hidden_size = span.config.hidden_size
 
-
-    def check_range(self, model: str, start: int, end: int) -> None:
+    def _check_serving(self, model: str, start: int, end: int) -> None:
+        if not self.accepting():
+            raise ProtocolError("this server is shutting down; use another", ErrorCode.NOT_SERVING)
         if model != self.model_uid:
             raise ProtocolError(f"this server serves {self.model_uid!r}, not {model!r}", ErrorCode.NOT_SERVING)
         if not self.span.start <= start < end <= self.span.end:
@@ -32,31 +38,42 @@ class SpanBackend:
                 ErrorCode.NOT_SERVING,
             )
 
-    def open_session(self, request: OpenSession) -> SessionCache:
-        self.check_range(request.model, request.start, request.end)
-        if request.batch > self.config.max_batch:
-            raise ProtocolError(f"batch {request.batch} exceeds this server's limit of {self.config.max_batch}",
-                                ErrorCode.TOO_LARGE)
-        if request.max_length > self.config.max_length:
-            raise ProtocolError(f"max_length {request.max_length} exceeds this server's limit of "
-                                f"{self.config.max_length}", ErrorCode.TOO_LARGE)
-        return SessionCache(self.span.config, request.start, request.end, request.batch, request.max_length,
-                            self.dtype, self.config.device)
+    def _check_limit(self, what: str, value: int, limit: int) -> None:
+        if value > limit:
+            raise ProtocolError(f"{what} {value} exceeds this server's limit of {limit}", ErrorCode.TOO_LARGE)
 
-    def _check_hidden(self, hidden: torch.Tensor, batch: int | None = None) -> None:
+    async def open_session(self, peer_id_str: str, request: OpenSession, on_expire: Callable[[], None]) -> Session:
+        self._check_serving(request.model, request.start, request.end)
+        self._check_limit("batch", request.batch, self.config.max_batch)
+        self._check_limit("max_length", request.max_length, self.config.max_length)
+        nbytes = SessionCache.nbytes(self.span.config, request.end - request.start, request.batch,
+                                     request.max_length, self.dtype)
+
+        def make_cache() -> SessionCache:
+            return SessionCache(self.span.config, request.start, request.end, request.batch, request.max_length,
+                                self.dtype, self.config.device)
+
+        timeout_s = min(request.alloc_timeout_s, self.config.max_alloc_timeout_s)
+        return await self.registry.open(peer_id_str, nbytes, timeout_s, make_cache, on_expire)
+
+    def _check_hidden(self, hidden: torch.Tensor, mask: torch.Tensor | None, batch: int | None = None) -> None:
         if hidden.ndim != 3 or hidden.shape[2] != self.hidden_size or hidden.shape[1] == 0:
             raise ProtocolError(f"hidden states must be [batch, tokens >= 1, {self.hidden_size}], "
                                 f"got {list(hidden.shape)}")
         if batch is not None and hidden.shape[0] != batch:
             raise ProtocolError(f"the session was opened for batch {batch}, got {hidden.shape[0]} rows")
-
-    def _check_mask(self, mask: torch.Tensor | None, hidden: torch.Tensor) -> None:
         if mask is not None and mask.shape != hidden.shape[:2]:
             raise ProtocolError(f"padding_mask must be {list(hidden.shape[:2])}, got {list(mask.shape)}")
+        self._check_limit("rows (batch x tokens) per request", hidden.shape[:2].numel(), self.config.max_step_tokens)
 
-    async def step(self, cache: SessionCache, step: Step) -> torch.Tensor:
-        self._check_hidden(step.hidden, cache.batch)
-        self._check_mask(step.padding_mask, step.hidden)
+    async def step(self, session: Session, step: Step) -> torch.Tensor:
+        if not self.accepting():
+            raise ProtocolError("this server is shutting down; move the session elsewhere", ErrorCode.NOT_SERVING)
+        cache = session.cache
+        if cache is None:
+            raise ProtocolError(f"the session was closed after {self.config.session_timeout_s:.0f} s idle",
+                                ErrorCode.TIMEOUT)
+        self._check_hidden(step.hidden, step.padding_mask, cache.batch)
         num_new = step.hidden.shape[1]
         if step.position > cache.length:
             raise ProtocolError(f"position {step.position} is past the {cache.length} cached tokens")
@@ -67,29 +84,14 @@ class SpanBackend:
         if hypo_ids is not None and (hypo_ids.shape != (cache.batch,) or not bool(
                 ((hypo_ids >= 0) & (hypo_ids < cache.batch)).all())):
             raise ProtocolError(f"hypo_ids must be [{cache.batch}] indices into the batch")
-        return await self.compute.run(self._step, cache, step, rows=step.hidden.shape[0] * num_new)
-
-    def _step(self, cache: SessionCache, step: Step) -> torch.Tensor:
-        with torch.inference_mode():
-            if step.hypo_ids is not None:
-                cache.reorder(step.hypo_ids)
-            hidden = step.hidden.to(self.config.device, self.dtype)
-            padding_mask = cache.begin_step(step.position, step.padding_mask, hidden.shape[1])
-            output = self.span(hidden, padding_mask, cache, cache.start, cache.end)
-            return output.to("cpu", step.hidden.dtype)
+        try:
+            return await self.scheduler.step(cache, step)
+        finally:
+            session.touch()
 
     async def forward(self, request: ForwardRequest) -> torch.Tensor:
-        self.check_range(request.model, request.start, request.end)
-        self._check_hidden(request.hidden)
-        self._check_mask(request.padding_mask, request.hidden)
-        if request.hidden.shape[0] > self.config.max_batch:
-            raise ProtocolError(f"batch {request.hidden.shape[0]} exceeds the limit of {self.config.max_batch}",
-                                ErrorCode.TOO_LARGE)
-        return await self.compute.run(self._forward, request, rows=request.hidden.shape[:2].numel())
-
-    def _forward(self, request: ForwardRequest) -> torch.Tensor:
-        with torch.inference_mode():
-            hidden = request.hidden.to(self.config.device, self.dtype)
-            mask = None if request.padding_mask is None else request.padding_mask.to(self.config.device)
-            output = self.span(hidden, mask, None, request.start, request.end)
-            return output.to("cpu", request.hidden.dtype)
+        self._check_serving(request.model, request.start, request.end)
+        self._check_hidden(request.hidden, request.padding_mask)
+        self._check_limit("batch", request.hidden.shape[0], self.config.max_batch)
+        self._check_limit("length", request.hidden.shape[1], self.config.max_length)
+        return await self.scheduler.forward(request.hidden, request.padding_mask, request.start, request.end)

@@ -18,7 +18,13 @@ class ServerConfig:
     device: str = "cpu"
     dtype: str = "float32"  # compute and cache dtype: float32, bfloat16 or float16
     announce_period_s: float = 30.0  # how often the DHT record is refreshed; it expires after 3 periods
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # larger frames are refused unread
+    cache_tokens: int | None = None  # KV cache of all sessions, in tokens over the whole span (None: from free memory)
+    session_timeout_s: float = 300.0  # a session with no step for this long is closed
+    max_alloc_timeout_s: float = 60.0  # the longest an open waits for cache room, whatever the client asks
+    max_batch_tokens: int = 2048  # rows (batch x tokens) in one pass; longer prefills run in chunks
+    max_step_tokens: int = 65536  # rows (batch x tokens) in one request; more is refused
+    max_sessions_per_peer: int = 16
     max_batch: int = 64  # rows per session
     max_length: int = 8192  # tokens per session (prompt and generated)
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # larger frames are refused unread
     throughput: float = 0.0  # announced tokens/s through the whole span (0: not measured)

@@ -15,12 +15,12 @@ from typing import Any
 
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
-from ...blocks import SessionCache
 from ...p2p import (
     CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Message, OpenSession, ProtocolError, ServerInfo,
     SessionReady, Step, StepOutput, decode_message, read_frame, write_frame,
 )
 from .backend import SpanBackend
+from .sessions import Session
 
 __all__ = ["handle_inference_stream", "handle_forward_stream", "handle_info_stream"]
 
@@ -71,28 +71,36 @@ async def _run_stream(name: str, context: StreamInfo, writer: asyncio.StreamWrit
 class _InferenceStream:
     """One client's inference session on this server: at most one open session per stream."""
 
-    def __init__(self, backend: SpanBackend):
-        self.backend = backend
-        self.cache: SessionCache | None = None
+    def __init__(self, backend: SpanBackend, peer_id_str: str, writer: asyncio.StreamWriter):
+        self.backend, self.peer_id_str, self.writer = backend, peer_id_str, writer
+        self.session: Session | None = None
 
     async def handle(self, frame: dict[str, Any]) -> Message | None:
         message = decode_message(frame, OpenSession, Step, CloseSession)
         if isinstance(message, OpenSession):
-            if self.cache is not None:
+            if self.session is not None:
                 raise ProtocolError("a session is already open on this stream")
-            self.cache = self.backend.open_session(message)
+            self.session = await self.backend.open_session(self.peer_id_str, message, self.writer.close)
             return SessionReady()
         if isinstance(message, Step):
-            if self.cache is None:
+            if self.session is None:
                 raise ProtocolError("step before open")
-            return StepOutput(await self.backend.step(self.cache, message))
+            return StepOutput(await self.backend.step(self.session, message))
         return None  # CloseSession: end the stream, which frees the cache
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.backend.registry.close(self.session)
 
 
 async def handle_inference_stream(backend: SpanBackend, context: StreamInfo, reader, writer) -> None:
-    stream = _InferenceStream(backend)
-    loop = _serve_frames(reader, writer, stream.handle, backend.config.max_frame_bytes, context.peer_id.to_base58())
-    await _run_stream("inference", context, writer, loop)
+    peer_id_str = context.peer_id.to_base58()
+    stream = _InferenceStream(backend, peer_id_str, writer)
+    try:
+        loop = _serve_frames(reader, writer, stream.handle, backend.config.max_frame_bytes, peer_id_str)
+        await _run_stream("inference", context, writer, loop)
+    finally:
+        await stream.close()
 
 
 async def handle_forward_stream(backend: SpanBackend, context: StreamInfo, reader, writer) -> None:

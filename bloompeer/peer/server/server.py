@@ -8,14 +8,13 @@ expiration a few periods ahead, so a server that dies silently disappears on its
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 
 import torch
 
 from ..._version import __version__
-from ...blocks import BlockSpan, Checkpoint, open_checkpoint
+from ...blocks import BlockSpan, Checkpoint, SessionCache, open_checkpoint
 from ...p2p import (
     FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PeerNode, ServerInfo, ServerRecord, ServerState, get_dht_time,
 )
@@ -23,6 +22,9 @@ from .backend import SpanBackend
 from .compute import ComputeWorker
 from .config import ServerConfig
 from .handlers import handle_forward_stream, handle_inference_stream, handle_info_stream
+from .memory import CacheBudget, default_cache_bytes
+from .scheduler import Scheduler
+from .sessions import SessionRegistry
 
 __all__ = ["Server"]
 
@@ -38,7 +40,8 @@ class Server:
         self.fingerprint = checkpoint.fingerprint()
         self.state = ServerState.JOINING
         self.backend: SpanBackend | None = None
-        self._announcer: asyncio.Task | None = None
+        self.budget: CacheBudget | None = None
+        self._tasks: list[asyncio.Task] = []  # announcer, scheduler, idle-session reaper
         self._handlers: list[str] = []
 
     @classmethod
@@ -63,7 +66,7 @@ class Server:
         load = functools.partial(BlockSpan.from_checkpoint, self.checkpoint, self.config.start, self.config.end,
                                  getattr(torch, self.config.dtype), self.config.device)
         span = await self.compute.run(load)  # keeps the loop (and the DHT node) responsive while loading
-        self.backend = SpanBackend(span, self.model_uid, self.config, self.compute)
+        self._start_serving(span)
         handlers = {
             INFERENCE_PROTOCOL: functools.partial(handle_inference_stream, self.backend),
             FORWARD_PROTOCOL: functools.partial(handle_forward_stream, self.backend),
@@ -74,16 +77,34 @@ class Server:
             self._handlers.append(name)
         self.state = ServerState.ONLINE
         await self.announce()
-        self._announcer = asyncio.create_task(self._announce_periodically(), name="bloompeer-announcer")
+        self._tasks.append(asyncio.create_task(self._announce_periodically(), name="bloompeer-announcer"))
+
+    def _start_serving(self, span: BlockSpan) -> None:
+        """Cache budget, sessions, scheduler and the backend that checks requests for them."""
+        config, dtype = self.config, getattr(torch, self.config.dtype)
+        bytes_per_token = SessionCache.nbytes(span.config, span.num_blocks, 1, 1, dtype)
+        if config.cache_tokens is not None:
+            budget_bytes = config.cache_tokens * bytes_per_token
+        else:
+            budget_bytes = default_cache_bytes(config.device)
+        self.budget = CacheBudget(budget_bytes, bytes_per_token)
+        logger.info("Attention cache: %d tokens (%.1f MiB)", self.budget.tokens_left, budget_bytes / 2**20)
+        registry = SessionRegistry(self.budget, config.max_sessions_per_peer, config.session_timeout_s)
+        scheduler = Scheduler(span, self.compute, config.max_batch_tokens, config.device, dtype)
+        self.backend = SpanBackend(span, self.model_uid, config, registry, scheduler,
+                                   accepting=lambda: self.state is ServerState.ONLINE)
+        self._tasks.append(asyncio.create_task(scheduler.run(), name="bloompeer-scheduler"))
+        self._tasks.append(asyncio.create_task(registry.expire_idle(), name="bloompeer-session-reaper"))
 
     def info(self) -> ServerInfo:
         return ServerInfo(self.model_uid, self.config.start, self.config.end, self.state.value, __version__,
-                          self.config.dtype)
+                          self.config.dtype, self.budget.tokens_left if self.budget else 0,
+                          len(self.backend.registry.sessions) if self.backend else 0)
 
     def record(self) -> ServerRecord:
         return ServerRecord(
             peer_id=self.node.peer_id_str, state=self.state, start=self.config.start, end=self.config.end,
-            throughput=self.config.throughput, cache_tokens_left=self.config.max_batch * self.config.max_length,
+            throughput=self.config.throughput, cache_tokens_left=self.budget.tokens_left if self.budget else 0,
             dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint, relayed=False,
         )
 
@@ -106,10 +127,9 @@ class Server:
         if self.state is ServerState.OFFLINE:
             return
         self.state = ServerState.OFFLINE
-        if self._announcer is not None:
-            self._announcer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._announcer
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
             await self.announce()
             for name in self._handlers:

@@ -1,0 +1,74 @@
+"""The server's attention-cache memory: a fixed budget, handed out whole to sessions as they open.
+
+A session reserves batch x max_length tokens of cache for its blocks when it opens, never
+more later, so a server that accepted a session can always finish it. An open that does not
+fit waits for sessions to close, up to the client's allocation timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import torch
+
+from ...p2p import ErrorCode, ProtocolError
+
+__all__ = ["CacheBudget", "default_cache_bytes"]
+
+logger = logging.getLogger(__name__)
+
+CPU_MEMORY_SHARE = 0.5  # of the memory available after loading the blocks
+GPU_MEMORY_SHARE = 0.8
+
+
+def default_cache_bytes(device: str) -> int:
+    """A share of the memory free now (call it after the blocks are loaded)."""
+    if torch.device(device).type == "cuda":
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free * GPU_MEMORY_SHARE)
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return int(available * CPU_MEMORY_SHARE)
+
+
+class CacheBudget:
+    def __init__(self, total_bytes: int, bytes_per_token: int):
+        """bytes_per_token: cache bytes of one token over the server's whole span (sizes the announcements)."""
+        self.total_bytes, self.bytes_per_token = total_bytes, bytes_per_token
+        self.used_bytes = 0
+        self._changed = asyncio.Condition()
+
+    @property
+    def tokens_left(self) -> int:
+        return (self.total_bytes - self.used_bytes) // self.bytes_per_token
+
+    def _describe(self, nbytes: int) -> str:
+        return (f"asked for {nbytes // self.bytes_per_token} tokens of cache, {self.tokens_left} of "
+                f"{self.total_bytes // self.bytes_per_token} are free")
+
+    async def reserve(self, nbytes: int, timeout_s: float) -> None:
+        """Take `nbytes`, waiting up to `timeout_s` for other sessions to free them."""
+        if nbytes > self.total_bytes:
+            raise ProtocolError(f"too large for this server: {self._describe(nbytes)}", ErrorCode.TOO_LARGE)
+        def fits() -> bool:
+            return self.used_bytes + nbytes <= self.total_bytes
+
+        async with self._changed:
+            try:
+                if not fits():
+                    await asyncio.wait_for(self._changed.wait_for(fits), timeout_s)
+            except asyncio.TimeoutError:
+                raise ProtocolError(f"no room after waiting {timeout_s:.1f} s: {self._describe(nbytes)}",
+                                    ErrorCode.BUSY) from None
+            self.used_bytes += nbytes
+
+    async def release(self, nbytes: int) -> None:
+        async with self._changed:
+            self.used_bytes -= nbytes
+            self._changed.notify_all()

@@ -1,0 +1,181 @@
+"""The server's work queue: what the compute thread runs next, and which requests run together.
+
+Inference steps of different sessions that are waiting at the same time run as one pass
+through the blocks (a batch of 8 one-token steps costs barely more than one: the weights are
+read once). Inference goes before full forwards, which go before backwards. A batch never holds
+more than `max_batch_tokens` rows; a prefill larger than that runs as consecutive chunks.
+If a batch fails, its requests are retried one by one, so an error reaches only the request
+that caused it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import torch
+
+from ...blocks import BlockSpan, Segment, SessionCache
+from ...p2p import ErrorCode, ProtocolError, Step
+from .compute import ComputeWorker
+
+__all__ = ["Priority", "Scheduler"]
+
+logger = logging.getLogger(__name__)
+
+
+class Priority(IntEnum):
+    INFERENCE = 0
+    FORWARD = 1
+    BACKWARD = 2
+
+
+@dataclass(order=True)
+class _Work:
+    """A request waiting for the compute thread. Inference work has a `segment` and may share a
+    pass with other inference work of the same `group` (block range); other work has `run`."""
+
+    priority: Priority
+    order: int  # FIFO within a priority
+    group: tuple = field(compare=False)
+    rows: int = field(compare=False)
+    segment: Callable[[], Segment] | None = field(compare=False, default=None)  # on the compute thread
+    run: Callable[[], torch.Tensor] | None = field(compare=False, default=None)  # on the compute thread
+    rollback: Callable[[], None] = field(compare=False, default=lambda: None)
+    finish: Callable[[torch.Tensor], torch.Tensor] = field(compare=False, default=lambda output: output)
+    future: asyncio.Future = field(compare=False, default=None)
+
+
+class Scheduler:
+    def __init__(self, span: BlockSpan, compute: ComputeWorker, max_batch_tokens: int, device: str,
+                 dtype: torch.dtype):
+        self.span, self.compute, self.max_batch_tokens = span, compute, max_batch_tokens
+        self.device, self.dtype = device, dtype
+        self._queue: list[_Work] = []
+        self._ready = asyncio.Event()
+        self._order = itertools.count()
+        self.batches_run = 0  # for tests and logs: how many passes ran, and with how many requests
+        self.requests_run = 0
+
+    async def step(self, cache: SessionCache, step: Step) -> torch.Tensor:
+        """One inference step of a session, in chunks of at most max_batch_tokens rows."""
+        batch, num_new = step.hidden.shape[:2]
+        chunk = self.max_batch_tokens // batch
+        if chunk < 1:
+            raise ProtocolError(f"a batch of {batch} rows exceeds this server's {self.max_batch_tokens} rows "
+                                f"per pass", ErrorCode.TOO_LARGE)
+        outputs = []
+        for begin in range(0, num_new, chunk):
+            end = min(num_new, begin + chunk)
+            part = Step(step.position + begin, step.hidden[:, begin:end],
+                        None if step.padding_mask is None else step.padding_mask[:, begin:end],
+                        step.hypo_ids if begin == 0 else None)
+            outputs.append(await self._submit(self._inference_work(cache, part)))
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+
+    def _inference_work(self, cache: SessionCache, step: Step) -> _Work:
+        length_before = cache.length
+        num_new = step.hidden.shape[1]
+
+        def segment() -> Segment:
+            if step.hypo_ids is not None:
+                cache.reorder(step.hypo_ids.to(self.device))
+            hidden = step.hidden.to(self.device, self.dtype)
+            mask = None if step.padding_mask is None else step.padding_mask.to(self.device)
+            return Segment(hidden, cache.begin_step(step.position, mask, num_new), cache)
+
+        def rollback() -> None:
+            cache.length = length_before
+
+        return _Work(Priority.INFERENCE, next(self._order), ("inference", cache.start, cache.end),
+                     step.hidden.shape[0] * num_new, segment=segment, rollback=rollback,
+                     finish=lambda output: output.to("cpu", step.hidden.dtype))
+
+    async def forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None, start: int, end: int,
+                      priority: Priority = Priority.FORWARD) -> torch.Tensor:
+        """A full forward (no cache kept) of blocks [start, end)."""
+        rows = hidden.shape[0] * hidden.shape[1]
+        if rows > self.max_batch_tokens:
+            raise ProtocolError(f"{rows} rows (batch x length) exceed this server's {self.max_batch_tokens} rows "
+                                f"per pass; send fewer sequences per request", ErrorCode.TOO_LARGE)
+
+        def run() -> torch.Tensor:
+            mask = None if padding_mask is None else padding_mask.to(self.device)
+            return self.span(hidden.to(self.device, self.dtype), mask, None, start, end).to("cpu", hidden.dtype)
+
+        return await self._submit(_Work(priority, next(self._order), ("forward",), rows, run=run))
+
+    async def _submit(self, work: _Work) -> torch.Tensor:
+        work.future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._queue, work)
+        self._ready.set()
+        return await work.future
+
+    def _next_batch(self) -> list[_Work]:
+        """The first waiting work, plus any work of its group that fits (in queue order)."""
+        first = heapq.heappop(self._queue)
+        batch, rows, skipped = [first], first.rows, []
+        while self._queue and first.segment is not None:
+            work = heapq.heappop(self._queue)
+            if work.segment is not None and work.group == first.group and rows + work.rows <= self.max_batch_tokens:
+                batch.append(work)
+                rows += work.rows
+            else:
+                skipped.append(work)
+        for work in skipped:
+            heapq.heappush(self._queue, work)
+        return batch
+
+    async def run(self) -> None:
+        """Feed the compute thread forever (run as a task)."""
+        while True:
+            await self._ready.wait()
+            if not self._queue:
+                self._ready.clear()
+                continue
+            batch = [work for work in self._next_batch() if not work.future.cancelled()]
+            if not batch:
+                continue
+            results = await self.compute.run(self._execute, batch, rows=sum(work.rows for work in batch))
+            self.batches_run += 1
+            self.requests_run += len(batch)
+            for work, (output, error) in zip(batch, results):
+                if work.future.done():
+                    continue
+                if error is not None:
+                    work.future.set_exception(error)
+                else:
+                    work.future.set_result(output)
+
+    def _execute(self, batch: list[_Work]) -> list[tuple[Any, BaseException | None]]:
+        """On the compute thread: one pass for the batch, or each work alone if the pass fails."""
+        with torch.inference_mode():
+            if len(batch) > 1:
+                try:
+                    outputs = self.span.forward_segments([work.segment() for work in batch], *batch[0].group[1:])
+                    return [(work.finish(output), None) for work, output in zip(batch, outputs)]
+                except Exception:
+                    logger.warning("A batch of %d requests failed; running them one by one", len(batch),
+                                   exc_info=True)
+                    for work in batch:
+                        work.rollback()
+            return [self._execute_alone(work) for work in batch]
+
+    def _execute_alone(self, work: _Work) -> tuple[Any, BaseException | None]:
+        try:
+            if work.segment is not None:
+                output = self.span.forward_segments([work.segment()], *work.group[1:])[0]
+            else:
+                output = work.run()
+            return work.finish(output), None
+        except Exception as exc:
+            work.rollback()
+            if isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc):
+                exc = ProtocolError(f"the server ran out of memory for this request: {exc}", ErrorCode.BUSY)
+            return None, exc

@@ -1,0 +1,92 @@
+"""Open inference sessions: their caches, who owns them, and when they are freed.
+
+A session is freed when its client closes it, when its stream ends (the client went away), and
+after `session_timeout_s` without a step, so an abandoned session never holds memory for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ...blocks import SessionCache
+from ...p2p import ErrorCode, ProtocolError
+from .memory import CacheBudget
+
+__all__ = ["Session", "SessionRegistry"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Session:
+    id: int
+    peer_id_str: str
+    cache: SessionCache
+    nbytes: int
+    on_expire: Callable[[], None]  # ends the session's stream
+    last_active: float = field(default_factory=time.monotonic)
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+
+class SessionRegistry:
+    def __init__(self, budget: CacheBudget, max_sessions_per_peer: int, session_timeout_s: float):
+        self.budget, self.max_sessions_per_peer, self.session_timeout_s = (
+            budget, max_sessions_per_peer, session_timeout_s)
+        self.sessions: set[Session] = set()
+        self._per_peer: Counter[str] = Counter()
+        self._ids = itertools.count()
+
+    async def open(self, peer_id_str: str, nbytes: int, alloc_timeout_s: float,
+                   make_cache: Callable[[], SessionCache], on_expire: Callable[[], None]) -> Session:
+        """Reserve the session's memory (waiting up to alloc_timeout_s), then allocate its cache."""
+        if self._per_peer[peer_id_str] >= self.max_sessions_per_peer:
+            raise ProtocolError(f"this peer already has {self.max_sessions_per_peer} open sessions here, "
+                                f"the limit per peer", ErrorCode.BUSY)
+        self._per_peer[peer_id_str] += 1  # counted while waiting, so a peer cannot queue many opens
+        try:
+            await self.budget.reserve(nbytes, alloc_timeout_s)
+        except BaseException:
+            self._forget_peer(peer_id_str)
+            raise
+        try:
+            cache = make_cache()
+        except BaseException:
+            self._forget_peer(peer_id_str)
+            await self.budget.release(nbytes)
+            raise
+        session = Session(next(self._ids), peer_id_str, cache, nbytes, on_expire)
+        self.sessions.add(session)
+        return session
+
+    def _forget_peer(self, peer_id_str: str) -> None:
+        self._per_peer[peer_id_str] -= 1
+        if not self._per_peer[peer_id_str]:
+            del self._per_peer[peer_id_str]
+
+    async def close(self, session: Session) -> None:
+        """Free the session's cache. Idempotent."""
+        if session not in self.sessions:
+            return
+        self.sessions.discard(session)
+        self._forget_peer(session.peer_id_str)
+        session.cache = None  # drop the tensors now, not when the stream object goes
+        await self.budget.release(session.nbytes)
+
+    async def expire_idle(self) -> None:
+        """Every few seconds, end sessions idle for longer than the timeout (run as a task)."""
+        while True:
+            await asyncio.sleep(min(5.0, self.session_timeout_s / 2))
+            now = time.monotonic()
+            for session in [s for s in self.sessions if now - s.last_active > self.session_timeout_s]:
+                logger.info("Closing session %d of %s: idle for over %.0f s", session.id, session.peer_id_str,
+                            self.session_timeout_s)
+                session.on_expire()
+                await self.close(session)

@@ -1,0 +1,188 @@
+"""The server's cache budget, session registry and scheduler, without processes or network."""
+
+import asyncio
+
+import pytest
+import torch
+from transformers import BloomConfig
+
+from bloompeer.blocks import BlockSpan, SessionCache
+from bloompeer.p2p import ErrorCode, ProtocolError, Step
+from bloompeer.peer.server.compute import ComputeWorker
+from bloompeer.peer.server.memory import CacheBudget
+from bloompeer.peer.server.scheduler import Priority, Scheduler
+from bloompeer.peer.server.sessions import SessionRegistry
+
+CONFIG = BloomConfig(vocab_size=100, hidden_size=32, n_layer=2, n_head=4)
+
+
+@pytest.fixture(scope="module")
+def span():
+    torch.manual_seed(0)
+    return BlockSpan(CONFIG, 0, 2).eval().requires_grad_(False)
+
+
+@pytest.fixture
+def compute():
+    worker = ComputeWorker()
+    yield worker
+    worker.shutdown()
+
+
+async def test_budget_waits_for_room_then_refuses_with_numbers():
+    budget = CacheBudget(total_bytes=100, bytes_per_token=10)
+    await budget.reserve(60, timeout_s=0)
+    assert budget.tokens_left == 4
+    with pytest.raises(ProtocolError) as info:
+        await budget.reserve(50, timeout_s=0.05)
+    assert info.value.code is ErrorCode.BUSY and "asked for 5 tokens" in str(info.value) and "4 of 10" in str(info.value)
+    waiting = asyncio.create_task(budget.reserve(50, timeout_s=5))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    await budget.release(60)
+    await asyncio.wait_for(waiting, 1)
+    assert budget.tokens_left == 5
+    with pytest.raises(ProtocolError) as info:
+        await budget.reserve(1000, timeout_s=5)  # can never fit: no waiting
+    assert info.value.code is ErrorCode.TOO_LARGE
+
+
+async def test_registry_limits_sessions_per_peer_and_frees_on_close_and_expiry():
+    budget = CacheBudget(total_bytes=1000, bytes_per_token=10)
+    registry = SessionRegistry(budget, max_sessions_per_peer=2, session_timeout_s=0.2)
+    expired = []
+
+    def make_cache():
+        return SessionCache(CONFIG, 0, 2, 1, 4, torch.float32)
+
+    first = await registry.open("peer-a", 100, 0, make_cache, lambda: expired.append("first"))
+    await registry.open("peer-a", 100, 0, make_cache, lambda: expired.append("second"))
+    with pytest.raises(ProtocolError) as info:
+        await registry.open("peer-a", 100, 0, make_cache, lambda: None)
+    assert info.value.code is ErrorCode.BUSY
+    await registry.open("peer-b", 100, 0, make_cache, lambda: None)  # other peers are not affected
+    await registry.close(first)
+    await registry.close(first)  # idempotent
+    assert budget.used_bytes == 200
+    reaper = asyncio.create_task(registry.expire_idle())
+    try:
+        await asyncio.sleep(0.5)
+    finally:
+        reaper.cancel()
+    assert expired == ["second"] and budget.used_bytes == 0 and not registry.sessions
+
+
+def _session(span, batch, cached):
+    cache = SessionCache(CONFIG, span.start, span.end, batch, 64, torch.float32)
+    if cached:
+        with torch.inference_mode():
+            span(torch.randn(batch, cached, CONFIG.hidden_size), cache.begin_step(0, None, cached), cache)
+    return cache
+
+
+async def test_concurrent_steps_run_as_one_batch_with_the_same_results(span, compute):
+    scheduler = Scheduler(span, compute, max_batch_tokens=64, device="cpu", dtype=torch.float32)
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        torch.manual_seed(1)
+        caches = [_session(span, batch=1, cached=3 + i) for i in range(8)]
+        steps = [Step(cache.length, torch.randn(1, 1, CONFIG.hidden_size)) for cache in caches]
+        torch.manual_seed(1)
+        references = [_session(span, batch=1, cached=3 + i) for i in range(8)]
+        with torch.inference_mode():
+            expected = [span(s.hidden, c.begin_step(s.position, None, 1), c) for c, s in zip(references, steps)]
+        blocker = asyncio.Event()
+        await scheduler.forward(torch.randn(1, 2, CONFIG.hidden_size), None, 0, 2)  # warm up the thread
+        before = scheduler.batches_run
+        compute_busy = asyncio.create_task(_occupy(compute, blocker))  # all 8 steps queue up meanwhile
+        outputs = asyncio.gather(*(scheduler.step(c, s) for c, s in zip(caches, steps)))
+        await asyncio.sleep(0.05)
+        blocker.set()
+        outputs = await outputs
+        await compute_busy
+        assert scheduler.batches_run - before == 1 and scheduler.requests_run >= 9
+        for got, want in zip(outputs, expected):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    finally:
+        runner.cancel()
+
+
+async def _occupy(compute, event):
+    """Keep the compute thread busy until `event` is set, so that work queues up meanwhile."""
+    loop = asyncio.get_running_loop()
+    await compute.run(lambda: asyncio.run_coroutine_threadsafe(event.wait(), loop).result(), rows=1)
+
+
+async def test_batches_respect_max_batch_tokens_and_inference_goes_first(span, compute, monkeypatch):
+    scheduler = Scheduler(span, compute, max_batch_tokens=8, device="cpu", dtype=torch.float32)
+    passes = []
+    original = span.forward_segments
+
+    def recording(segments, start=None, end=None):
+        passes.append(sum(s.hidden.shape[0] * s.hidden.shape[1] for s in segments))
+        return original(segments, start, end)
+
+    monkeypatch.setattr(span, "forward_segments", recording)
+    blocker = asyncio.Event()
+    compute_busy = asyncio.create_task(_occupy(compute, blocker))
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        order = []
+
+        async def tracked(name, awaitable):
+            await awaitable
+            order.append(name)
+
+        caches = [_session(span, batch=3, cached=0) for _ in range(4)]
+        jobs = [tracked("forward", scheduler.forward(torch.randn(1, 4, 32), None, 0, 2, Priority.FORWARD))]
+        jobs += [tracked(f"step{i}", scheduler.step(c, Step(0, torch.randn(3, 1, 32)))) for i, c in enumerate(caches)]
+        jobs = asyncio.gather(*jobs)
+        await asyncio.sleep(0.05)
+        blocker.set()
+        await compute_busy
+        await jobs
+        assert max(passes) <= 8  # 4 steps of 3 rows: never 12 in one pass
+        assert order.index("forward") == len(order) - 1  # queued first, run last
+    finally:
+        runner.cancel()
+
+
+async def test_a_long_prefill_runs_in_chunks_with_the_same_result(span, compute):
+    scheduler = Scheduler(span, compute, max_batch_tokens=8, device="cpu", dtype=torch.float32)
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        hidden = torch.randn(2, 13, CONFIG.hidden_size)  # 26 rows: 4 chunks of at most 4 tokens x 2 rows
+        chunked = await scheduler.step(_session(span, 2, 0), Step(0, hidden))
+        with torch.inference_mode():
+            whole = span(hidden, None)
+        torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-5)
+        with pytest.raises(ProtocolError) as info:
+            await scheduler.step(_session(span, 9, 0), Step(0, torch.randn(9, 1, 32)))  # 9 rows > 8 per pass
+        assert info.value.code is ErrorCode.TOO_LARGE
+    finally:
+        runner.cancel()
+
+
+class _BrokenCache(SessionCache):
+    def update(self, key, value, layer_idx):
+        raise RuntimeError("boom")
+
+
+async def test_a_failing_request_in_a_batch_fails_alone(span, compute):
+    scheduler = Scheduler(span, compute, max_batch_tokens=64, device="cpu", dtype=torch.float32)
+    blocker = asyncio.Event()
+    compute_busy = asyncio.create_task(_occupy(compute, blocker))
+    runner = asyncio.create_task(scheduler.run())
+    try:
+        good = _session(span, 1, 2)
+        bad = _BrokenCache(CONFIG, 0, 2, 1, 8, torch.float32)
+        results = asyncio.gather(scheduler.step(good, Step(2, torch.randn(1, 1, 32))),
+                                 scheduler.step(bad, Step(0, torch.randn(1, 1, 32))), return_exceptions=True)
+        await asyncio.sleep(0.05)
+        blocker.set()
+        await compute_busy
+        ok, error = await results
+        assert isinstance(ok, torch.Tensor) and good.length == 3
+        assert isinstance(error, RuntimeError) and bad.length == 0  # rolled back
+    finally:
+        runner.cancel()
