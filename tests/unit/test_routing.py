@@ -3,26 +3,58 @@ from bloompeer.peer.client.errors import MissingBlocksError, block_ranges
 from bloompeer.peer.client.routing import SpanRoute, choose_route, missing_blocks, usable_servers
 
 
-def _record(peer, start, end, state=ServerState.ONLINE, fingerprint="f"):
-    return ServerRecord(peer, state, start, end, 1.0, 100, "float32", "0", fingerprint, False)
+def _record(peer, start, end, state=ServerState.ONLINE, fingerprint="f", throughput=100.0, cache=1000,
+            relayed=False):
+    return ServerRecord(peer, state, start, end, throughput, cache, "float32", "0", fingerprint, relayed)
 
 
-def _by_block(records, num_blocks):
+def _by_block(records, num_blocks=6):
     return {i: [r for r in records if r.start <= i < r.end] for i in range(num_blocks)}
 
 
-def test_route_covers_all_blocks_with_fewest_hops():
-    servers = _by_block([_record("a", 0, 3), _record("b", 1, 6), _record("c", 3, 6)], 6)
-    assert choose_route(servers, 6) == [SpanRoute("a", 0, 3), SpanRoute("b", 3, 6)]
+def test_fewer_hops_win_when_servers_are_alike():
+    servers = _by_block([_record("a", 0, 3), _record("b", 1, 6), _record("c", 3, 6)])
+    route = choose_route(servers, 0, 6, {"a": 0.01, "b": 0.01, "c": 0.01})
+    assert len(route) == 2 and route[0].start == 0 and route[-1].end == 6
+
+
+def test_the_faster_server_wins_and_routes_can_split_anywhere():
+    servers = _by_block([_record("slow", 0, 6, throughput=10), _record("fast", 2, 6, throughput=1000),
+                         _record("head", 0, 2, throughput=1000)])
+    assert choose_route(servers, 0, 6, {"slow": 0.001, "fast": 0.001, "head": 0.001}) == [
+        SpanRoute("head", 0, 2), SpanRoute("fast", 2, 6)]
+
+
+def test_round_trip_time_counts():
+    servers = _by_block([_record("far", 0, 6), _record("near", 0, 6)])
+    assert choose_route(servers, 0, 6, {"far": 0.5, "near": 0.001}) == [SpanRoute("near", 0, 6)]
+    assert choose_route(servers, 0, 6, {"far": 0.001, "near": 0.5}) == [SpanRoute("far", 0, 6)]
+
+
+def test_banned_full_and_relayed_servers():
+    servers = _by_block([_record("a", 0, 6), _record("b", 0, 6, cache=10), _record("r", 0, 6, relayed=True)])
+    rtts = {"a": 0.001, "b": 0.001, "r": 0.001}
+    assert choose_route(servers, 0, 6, rtts) == [SpanRoute("a", 0, 6)]  # relayed costs more
+    assert choose_route(servers, 0, 6, rtts, exclude={"a"}) == [SpanRoute("b", 0, 6)]
+    assert choose_route(servers, 0, 6, rtts, exclude={"a"}, min_cache_tokens=100) == [SpanRoute("r", 0, 6)]
+    assert choose_route(servers, 0, 6, rtts, exclude={"a", "r"}, min_cache_tokens=100) is None
+
+
+def test_a_sub_range_and_a_gap():
+    servers = _by_block([_record("a", 0, 2), _record("b", 4, 6)])
+    assert choose_route(servers, 4, 6) == [SpanRoute("b", 4, 6)]
+    assert choose_route(servers, 0, 6) is None
+    assert missing_blocks(servers, 0, 6) == [2, 3]
+    assert missing_blocks(servers, 0, 6, exclude={"b"}) == [2, 3, 4, 5]
 
 
 def test_unusable_servers_are_dropped():
     records = [_record("a", 0, 2), _record("b", 2, 4, ServerState.DRAINING), _record("c", 2, 4, fingerprint="other")]
     servers = usable_servers(_by_block(records, 4), "f")
-    assert missing_blocks(servers, 4) == [2, 3]
+    assert missing_blocks(servers, 0, 4) == [2, 3]
 
 
 def test_missing_blocks_message_names_ranges():
     assert block_ranges([0, 1, 2, 5, 7, 8]) == "0:3, 5:6, 7:9"
-    message = str(MissingBlocksError("bloom", [2, 3], 5.0))
-    assert "2:4" in message and "bloompeer serve" in message
+    message = str(MissingBlocksError("bloom", [2, 3], 5.0, "timed out"))
+    assert "2:4" in message and "bloompeer serve" in message and "timed out" in message

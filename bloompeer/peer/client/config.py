@@ -15,5 +15,6 @@ class ClientConfig:
     request_timeout_s: float = 30.0  # one step or forward on one server, including its queueing
     alloc_timeout_s: float = 10.0  # how long a busy server may keep a new session waiting for cache room
     missing_blocks_timeout_s: float = 60.0  # how long to wait for a server to cover every block
+    recovery_timeout_s: float = 60.0  # how long to keep re-routing around failing servers before giving up
     poll_period_s: float = 1.0  # how often the DHT is read again while waiting for missing blocks
     swarm_refresh_period_s: float = 10.0  # how often the view of the swarm is read from the DHT in the background

@@ -12,10 +12,14 @@ __all__ = ["MissingBlocksError", "block_ranges"]
 
 
 class MissingBlocksError(BloompeerError):
-    def __init__(self, model_uid: str, missing: list[int], waited_s: float):
+    """No usable server for some blocks: none announced, or every one failed or is banned."""
+
+    def __init__(self, model_uid: str, missing: list[int], waited_s: float, last_error: str | None = None):
         self.model_uid, self.missing = model_uid, missing
+        reason = f"; the last server to try failed with: {last_error}" if last_error else ""
         super().__init__(
-            f"no server in the swarm serves block(s) {block_ranges(missing)} of {model_uid} (waited {waited_s:.0f} s). "
+            f"no usable server in the swarm for block(s) {block_ranges(missing)} of {model_uid} "
+            f"(waited {waited_s:.0f} s{reason}). "
             f"Start one with: bloompeer serve --model {model_uid} --blocks {missing[0]}:{missing[-1] + 1} "
             f"--initial-peers ..."
         )

@@ -1,18 +1,26 @@
-"""An inference session across the whole chain: one server-side cache per span, one position.
+"""An inference session across the whole chain, surviving servers that fail mid-generation.
 
-The client sends each step's hidden states along the route, span by span; the servers keep
-the attention caches. `position` is the number of tokens cached so far on every span.
+The client sends each step's hidden states along the route, span by span; the servers keep the
+attention caches. For every span the client also keeps what it sent. When a server fails (lost
+stream, error frame, no answer in time), it is banned for a while, its blocks are routed again,
+and the kept inputs are replayed, step by step as first sent, to the new servers to rebuild their
+caches; then the step goes on. The output is the same as without the fault.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from dataclasses import dataclass, field
 
 import torch
 from hivemind.p2p import P2P
 
+from ...p2p import RemoteError
 from .config import ClientConfig
+from .errors import MissingBlocksError
+from .routing import SpanRoute
 from .span_session import SpanInferenceSession
 from .swarm import SwarmView
 
@@ -21,26 +29,44 @@ __all__ = ["InferenceSession"]
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class _StepInput:
+    """One step as a span received it (hidden entering its first block), kept for replay."""
+
+    position: int
+    hidden: torch.Tensor  # [batch, new, hidden_size]
+    padding_mask: torch.Tensor | None
+    hypo_ids: torch.Tensor | None
+
+    def truncated(self, position: int) -> _StepInput | None:
+        """This step without its tokens at `position` and after (None if nothing is left)."""
+        keep = position - self.position
+        if keep <= 0:
+            return None
+        if keep >= self.hidden.shape[1]:
+            return self
+        mask = None if self.padding_mask is None else self.padding_mask[:, :keep]
+        return _StepInput(self.position, self.hidden[:, :keep], mask, self.hypo_ids)
+
+
+@dataclass
+class _Span:
+    route: SpanRoute
+    session: SpanInferenceSession
+    inputs: list[_StepInput] = field(default_factory=list)
+
+
 class InferenceSession:
     def __init__(self, p2p: P2P, swarm: SwarmView, config: ClientConfig, max_length: int):
         self.p2p, self.swarm, self.config, self.max_length = p2p, swarm, config, max_length
         self.position = 0
         self.batch: int | None = None
-        self._spans: list[SpanInferenceSession] = []
+        self._spans: list[_Span] = []
         self._closed = False
 
-    async def _open(self, batch: int) -> None:
-        route = await self.swarm.route(self.config.missing_blocks_timeout_s, self.config.poll_period_s)
-        opening = [SpanInferenceSession.open(self.p2p, span, self.swarm.model_uid, batch, self.max_length,
-                                             self.config.request_timeout_s, self.config.alloc_timeout_s)
-                   for span in route]
-        results = await asyncio.gather(*opening, return_exceptions=True)
-        self._spans = [result for result in results if isinstance(result, SpanInferenceSession)]
-        failures = [result for result in results if isinstance(result, BaseException)]
-        if failures:
-            await self.close()
-            raise failures[0]
-        self.batch = batch
+    @property
+    def route(self) -> list[SpanRoute]:
+        return [span.route for span in self._spans]
 
     async def step(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None,
                    hypo_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -56,22 +82,85 @@ class InferenceSession:
             raise ValueError(f"the session was opened for max_length={self.max_length}; "
                              f"{self.position} + {num_new} tokens do not fit")
         if self.batch is None:
-            await self._open(hidden.shape[0])
+            self.batch = hidden.shape[0]
+            self._spans = await self._build(0, self.swarm.num_blocks, [])
         elif hidden.shape[0] != self.batch:
             raise ValueError(f"the session was opened for batch {self.batch}, got {hidden.shape[0]} rows")
-        for span in self._spans:
-            hidden = await span.step(self.position, hidden, padding_mask, hypo_ids)
+        step = _StepInput(self.position, hidden, padding_mask, hypo_ids)
+        index = 0
+        while index < len(self._spans):
+            span = self._spans[index]
+            try:
+                output = await span.session.step(step.position, step.hidden, step.padding_mask, step.hypo_ids)
+            except RemoteError as exc:
+                self._spans[index:index + 1] = await self._replace(span, exc)
+                continue  # the same step, on the new spans
+            span.inputs.append(step)
+            step = _StepInput(step.position, output, step.padding_mask, step.hypo_ids)
+            index += 1
         self.position += num_new
-        return hidden
+        return step.hidden
+
+    async def _replace(self, failed: _Span, error: RemoteError) -> list[_Span]:
+        self.swarm.bans.ban(failed.route.peer_id_str, str(error))
+        await failed.session.close()
+        return await self._build(failed.route.start, failed.route.end, failed.inputs, error)
+
+    async def _build(self, start: int, end: int, inputs: list[_StepInput],
+                     error: RemoteError | None = None) -> list[_Span]:
+        """Route blocks [start, end), open sessions there and replay `inputs`; retry on failures
+        (banning the servers that fail) until the recovery timeout."""
+        deadline = time.monotonic() + self.config.recovery_timeout_s
+        while True:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                raise MissingBlocksError(self.swarm.model_uid, list(range(start, end)),
+                                         self.config.recovery_timeout_s, str(error) if error else None)
+            route = await self.swarm.route(start, end, self.batch * self.max_length, remaining_s,
+                                           self.config.poll_period_s)
+            spans: list[_Span] = []
+            try:
+                await self._open(route, spans)
+                if inputs:
+                    await self._replay(spans, inputs)
+                return spans
+            except RemoteError as exc:
+                error = exc
+                self.swarm.bans.ban(exc.peer, str(exc))
+                await asyncio.gather(*(span.session.close() for span in spans))
+
+    async def _open(self, route: list[SpanRoute], spans: list[_Span]) -> None:
+        """Open a session on every piece of the route, in parallel; `spans` gets those that opened."""
+        opened = await asyncio.gather(
+            *(SpanInferenceSession.open(self.p2p, piece, self.swarm.model_uid, self.batch, self.max_length,
+                                        self.config.request_timeout_s, self.config.alloc_timeout_s)
+              for piece in route), return_exceptions=True)
+        spans += [_Span(piece, session) for piece, session in zip(route, opened)
+                  if isinstance(session, SpanInferenceSession)]
+        for failure in opened:
+            if isinstance(failure, BaseException):
+                raise failure
+
+    async def _replay(self, spans: list[_Span], inputs: list[_StepInput]) -> None:
+        logger.info("Replaying %d step(s) (%d tokens) to %s", len(inputs), self.position,
+                    ", ".join(f"{s.route.peer_id_str[-8:]}[{s.route.start}:{s.route.end}]" for s in spans))
+        for span in spans:
+            outputs = []
+            for step in inputs:
+                output = await span.session.step(step.position, step.hidden, step.padding_mask, step.hypo_ids)
+                outputs.append(_StepInput(step.position, output, step.padding_mask, step.hypo_ids))
+            span.inputs, inputs = list(inputs), outputs
 
     def rewind(self, position: int) -> None:
         """Forget tokens after `position`: the next step overwrites them on every server."""
         if not 0 <= position <= self.position:
             raise ValueError(f"cannot rewind to {position}: {self.position} tokens are cached")
         self.position = position
+        for span in self._spans:
+            span.inputs = [kept for step in span.inputs if (kept := step.truncated(position)) is not None]
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        await asyncio.gather(*(span.close() for span in self._spans), return_exceptions=True)
+        await asyncio.gather(*(span.session.close() for span in self._spans), return_exceptions=True)

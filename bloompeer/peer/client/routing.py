@@ -1,16 +1,25 @@
-"""Choosing the chain of servers that covers all blocks of a model.
+"""Choosing the chain of servers for a range of blocks: the fastest way through, estimated.
 
-A server announcing blocks [start, end) can serve any sub-range of it, so a route is a list
-of (server, sub-range) pieces that tile [0, num_blocks).
+A server announcing blocks [start, end) can serve any sub-range of it, so a route is a list of
+(server, sub-range) pieces that tile the range. Its cost is estimated per piece as the measured
+round trip to the server plus the compute time of its blocks at its announced throughput, and
+the cheapest route over every way to split the range is found by a shortest path over block
+boundaries.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ...p2p import ServerRecord, ServerState
 
-__all__ = ["SpanRoute", "choose_route", "missing_blocks", "usable_servers"]
+__all__ = ["SpanRoute", "choose_route", "missing_blocks", "usable_servers", "UNKNOWN_RTT_S", "RELAY_PENALTY_S"]
+
+UNKNOWN_RTT_S = 0.05  # a server not pinged yet is assumed this far away
+UNKNOWN_THROUGHPUT = 1.0  # tokens/s per block assumed for a server that announces none
+RELAY_PENALTY_S = 0.01  # per relayed hop: each byte crosses the relay twice
 
 
 @dataclass(frozen=True)
@@ -31,18 +40,52 @@ def usable_servers(servers: dict[int, list[ServerRecord]], fingerprint: str | No
     }
 
 
-def missing_blocks(servers: dict[int, list[ServerRecord]], num_blocks: int) -> list[int]:
-    return [index for index in range(num_blocks) if not servers.get(index)]
+def missing_blocks(servers: dict[int, list[ServerRecord]], start: int, end: int,
+                   exclude: Collection[str] = ()) -> list[int]:
+    """Blocks in [start, end) that no server outside `exclude` serves."""
+    return [index for index in range(start, end) if not any(r.peer_id not in exclude for r in servers.get(index, ()))]
 
 
-def choose_route(servers: dict[int, list[ServerRecord]], num_blocks: int) -> list[SpanRoute]:
-    """Fewest hops: from each uncovered block, take the server that reaches furthest.
+def piece_cost_s(record: ServerRecord, num_blocks: int, rtt_s: float) -> float:
+    """Estimated seconds for one token through `num_blocks` of this server's blocks, and back."""
+    throughput = record.throughput if record.throughput > 0 else UNKNOWN_THROUGHPUT
+    return rtt_s + num_blocks / throughput + (RELAY_PENALTY_S if record.relayed else 0.0)
 
-    `servers` must cover every block (see `missing_blocks`).
+
+def choose_route(
+    servers: dict[int, list[ServerRecord]], start: int, end: int, rtts_s: dict[str, float] | None = None,
+    exclude: Collection[str] = (), min_cache_tokens: int = 0,
+) -> list[SpanRoute] | None:
+    """The cheapest route through blocks [start, end), or None if some block has no usable server.
+
+    `exclude`: peer ids not to use (banned); `min_cache_tokens`: the cache room a server must
+    announce (a session's batch x max_length), or 0 for requests that keep no cache.
     """
-    route, position = [], 0
-    while position < num_blocks:
-        best = max(servers[position], key=lambda record: record.end)
-        route.append(SpanRoute(best.peer_id, position, best.end))
-        position = best.end
-    return route
+    rtts_s = rtts_s or {}
+    candidates = {}
+    for records in servers.values():
+        for record in records:
+            if record.peer_id not in exclude and record.cache_tokens_left >= min_cache_tokens:
+                candidates[record.peer_id] = record
+    best_cost = {start: 0.0}
+    best_piece: dict[int, SpanRoute] = {}
+    for boundary in range(start, end):  # boundaries in order: every piece ends to the right of where it starts
+        if boundary not in best_cost:
+            continue
+        for record in candidates.values():
+            if not record.start <= boundary < record.end:
+                continue
+            rtt_s = rtts_s.get(record.peer_id, UNKNOWN_RTT_S)
+            for piece_end in range(boundary + 1, min(record.end, end) + 1):
+                cost = best_cost[boundary] + piece_cost_s(record, piece_end - boundary, rtt_s)
+                if cost < best_cost.get(piece_end, math.inf):
+                    best_cost[piece_end] = cost
+                    best_piece[piece_end] = SpanRoute(record.peer_id, boundary, piece_end)
+    if end not in best_cost:
+        return None
+    route, position = [], end
+    while position > start:
+        piece = best_piece[position]
+        route.append(piece)
+        position = piece.start
+    return route[::-1]

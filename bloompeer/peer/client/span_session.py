@@ -13,7 +13,7 @@ from hivemind.p2p import P2P, P2PDaemonError, PeerID
 
 from ...p2p import (
     FORWARD_PROTOCOL, INFERENCE_PROTOCOL, CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Message, OpenSession,
-    PeerUnavailableError, ProtocolError, SessionReady, Step, StepOutput, decode_message, read_frame, remote_error,
+    PeerUnavailableError, ProtocolError, RemoteError, SessionReady, Step, StepOutput, decode_message, read_frame, remote_error,
     write_frame,
 )
 from .routing import SpanRoute
@@ -46,7 +46,10 @@ class SpanStream:
             raise _unavailable(self.route, f"no answer within {timeout_s:.0f} s", ErrorCode.TIMEOUT) from exc
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             raise _unavailable(self.route, f"stream lost: {exc!r}") from exc
-        reply = decode_message(frame, ErrorFrame, *expected)
+        try:
+            reply = decode_message(frame, ErrorFrame, *expected)
+        except ProtocolError as exc:
+            raise _misbehaved(self.route, f"sent an invalid reply: {exc}") from exc
         if isinstance(reply, ErrorFrame):
             raise remote_error(reply.code, reply.message, self.route.peer_id_str)
         return reply
@@ -63,6 +66,11 @@ class SpanStream:
 
 def _unavailable(route: SpanRoute, message: str, code: ErrorCode = ErrorCode.NOT_SERVING) -> PeerUnavailableError:
     return PeerUnavailableError(code, f"blocks {route.start}:{route.end}: {message}", route.peer_id_str)
+
+
+def _misbehaved(route: SpanRoute, message: str) -> RemoteError:
+    """A server broke the protocol: treated like a failure of that server."""
+    return RemoteError(ErrorCode.BAD_REQUEST, f"blocks {route.start}:{route.end}: {message}", route.peer_id_str)
 
 
 class SpanInferenceSession:
@@ -106,6 +114,5 @@ async def remote_forward(p2p: P2P, route: SpanRoute, model_uid: str, hidden: tor
 
 def _checked_output(output: torch.Tensor, sent: torch.Tensor, route: SpanRoute) -> torch.Tensor:
     if output.shape != sent.shape or output.dtype != sent.dtype:
-        raise ProtocolError(f"{route.peer_id_str} returned {output.dtype} {list(output.shape)} for "
-                            f"{sent.dtype} {list(sent.shape)}")
+        raise _misbehaved(route, f"returned {output.dtype} {list(output.shape)} for {sent.dtype} {list(sent.shape)}")
     return output

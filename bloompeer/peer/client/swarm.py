@@ -1,7 +1,8 @@
-"""The client's view of the swarm: which servers serve which blocks, read from the DHT.
+"""The client's view of the swarm: which servers serve which blocks, how far away they are, and
+which ones it does not trust right now.
 
-Read in the background every refresh period, so that choosing a route costs no DHT lookup
-unless the view is stale or has gaps.
+Records are read from the DHT in the background every refresh period, and new servers are
+pinged, so choosing a route costs no lookup unless the view is stale or has gaps.
 """
 
 from __future__ import annotations
@@ -10,28 +11,44 @@ import asyncio
 import logging
 import time
 
+from hivemind.p2p import P2P
+
 from ...p2p import BlockDirectory, ServerRecord
 from .errors import MissingBlocksError, block_ranges
+from .health import BanList, ping
 from .routing import SpanRoute, choose_route, missing_blocks, usable_servers
 
 __all__ = ["SwarmView"]
 
 logger = logging.getLogger(__name__)
 
+RTT_MAX_AGE_S = 60.0  # servers are pinged again after this long
+
 
 class SwarmView:
-    def __init__(self, directory: BlockDirectory, model_uid: str, num_blocks: int, fingerprint: str | None,
-                 refresh_period_s: float = 10.0):
-        self.directory, self.model_uid, self.num_blocks, self.fingerprint = (
-            directory, model_uid, num_blocks, fingerprint)
-        self.refresh_period_s = refresh_period_s
+    def __init__(self, p2p: P2P, directory: BlockDirectory, model_uid: str, num_blocks: int,
+                 fingerprint: str | None, refresh_period_s: float = 10.0, ping_timeout_s: float = 2.0):
+        self.p2p, self.directory, self.model_uid, self.num_blocks, self.fingerprint = (
+            p2p, directory, model_uid, num_blocks, fingerprint)
+        self.refresh_period_s, self.ping_timeout_s = refresh_period_s, ping_timeout_s
         self.servers: dict[int, list[ServerRecord]] = {}
+        self.rtts_s: dict[str, float] = {}
+        self.bans = BanList()
+        self._pinged_at: dict[str, float] = {}
         self._updated_at = float("-inf")
 
-    async def refresh(self) -> dict[int, list[ServerRecord]]:
+    async def refresh(self) -> None:
         found = await self.directory.find_servers(self.model_uid, self.num_blocks)
         self.servers, self._updated_at = usable_servers(found, self.fingerprint), time.monotonic()
-        return self.servers
+        await self._ping_stale()
+
+    async def _ping_stale(self) -> None:
+        now = time.monotonic()
+        peers = {record.peer_id for records in self.servers.values() for record in records}
+        stale = [peer for peer in peers if now - self._pinged_at.get(peer, float("-inf")) > RTT_MAX_AGE_S]
+        rtts = await asyncio.gather(*(ping(self.p2p, peer, self.ping_timeout_s) for peer in stale))
+        for peer, rtt_s in zip(stale, rtts):
+            self.rtts_s[peer], self._pinged_at[peer] = rtt_s, now
 
     async def keep_fresh(self) -> None:
         """Refresh forever, every period (run as a background task)."""
@@ -42,23 +59,32 @@ class SwarmView:
             except Exception:
                 logger.warning("Could not refresh the view of the swarm", exc_info=True)
 
-    async def route(self, timeout_s: float, poll_period_s: float) -> list[SpanRoute]:
-        """A route through all blocks, waiting (with a message) while some block has no server."""
+    def _excluded(self) -> set[str]:
+        unreachable = {peer for peer, rtt_s in self.rtts_s.items() if rtt_s == float("inf")}
+        return self.bans.banned() | unreachable
+
+    async def route(self, start: int = 0, end: int | None = None, min_cache_tokens: int = 0,
+                    timeout_s: float = 60.0, poll_period_s: float = 1.0) -> list[SpanRoute]:
+        """The fastest route through blocks [start, end), waiting (with a message) while some block
+        has no usable server, up to `timeout_s`."""
+        end = self.num_blocks if end is None else end
         started = time.monotonic()
         announced_missing = None
         if time.monotonic() - self._updated_at > self.refresh_period_s:
             await self.refresh()
         while True:
-            missing = missing_blocks(self.servers, self.num_blocks)
-            if not missing:
-                route = choose_route(self.servers, self.num_blocks)
-                logger.info("Route: %s", " -> ".join(f"{r.peer_id_str[-6:]}[{r.start}:{r.end}]" for r in route))
+            route = choose_route(self.servers, start, end, self.rtts_s, self._excluded(), min_cache_tokens)
+            if route is not None:
+                logger.info("Route for blocks %d:%d: %s", start, end,
+                            " -> ".join(f"{r.peer_id_str[-8:]}[{r.start}:{r.end}]" for r in route))
                 return route
+            # no gap but no route: every block has a server, but not enough of them have cache room
+            missing = missing_blocks(self.servers, start, end, self._excluded()) or list(range(start, end))
             waited_s = time.monotonic() - started
             if waited_s >= timeout_s:
                 raise MissingBlocksError(self.model_uid, missing, waited_s)
             if missing != announced_missing:
-                logger.warning("No server serves block(s) %s of %s yet; waiting up to %.0f s more",
+                logger.warning("No usable server for block(s) %s of %s yet; waiting up to %.0f s more",
                                block_ranges(missing), self.model_uid, timeout_s - waited_s)
                 announced_missing = missing
             await asyncio.sleep(min(poll_period_s, timeout_s - waited_s))

@@ -15,7 +15,7 @@ from ...p2p import PeerNode
 from .config import ClientConfig
 from .inference_session import InferenceSession
 from .runtime import ClientRuntime
-from .span_session import remote_forward
+from .sequential import forward_through_swarm
 from .swarm import SwarmView
 
 __all__ = ["SwarmClient"]
@@ -39,7 +39,7 @@ class SwarmClient:
         except BaseException:
             runtime.shutdown()
             raise
-        view = SwarmView(node.directory, model_uid, num_blocks, fingerprint, config.swarm_refresh_period_s)
+        view = SwarmView(node.p2p, node.directory, model_uid, num_blocks, fingerprint, config.swarm_refresh_period_s)
         return cls(runtime, node, view, config)
 
     def open_session(self, max_length: int) -> InferenceSession:
@@ -55,14 +55,8 @@ class SwarmClient:
 
     def forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """A full forward through every block, with no cache kept on the servers."""
-        return self.runtime.run(self._forward(hidden, padding_mask))
+        return self.runtime.run(forward_through_swarm(self.node.p2p, self.swarm, self.config, hidden, padding_mask))
 
-    async def _forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
-        route = await self.swarm.route(self.config.missing_blocks_timeout_s, self.config.poll_period_s)
-        for span in route:
-            hidden = await remote_forward(self.node.p2p, span, self.swarm.model_uid, hidden, padding_mask,
-                                          self.config.request_timeout_s)
-        return hidden
 
     def shutdown(self) -> None:
         if self.runtime is None:

@@ -1,0 +1,53 @@
+"""What the client has learned about servers by using them: round-trip times, and bans.
+
+A server that failed a request is banned for a while, longer each time it fails again, so a
+flaky or dying server is tried less and less, but a restarted one is used again eventually.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from hivemind.p2p import P2P, P2PDaemonError, PeerID
+
+from ...p2p import INFO_PROTOCOL, ProtocolError, ServerInfo, read_frame
+
+__all__ = ["BanList", "ping"]
+
+logger = logging.getLogger(__name__)
+
+
+class BanList:
+    def __init__(self, first_ban_s: float = 5.0, max_ban_s: float = 300.0):
+        self.first_ban_s, self.max_ban_s = first_ban_s, max_ban_s
+        self._until: dict[str, float] = {}
+        self._next_ban_s: dict[str, float] = {}
+
+    def ban(self, peer_id_str: str, reason: str) -> None:
+        duration_s = self._next_ban_s.get(peer_id_str, self.first_ban_s)
+        self._until[peer_id_str] = time.monotonic() + duration_s
+        self._next_ban_s[peer_id_str] = min(2 * duration_s, self.max_ban_s)
+        logger.warning("Not using server %s for %.0f s: %s", peer_id_str, duration_s, reason)
+
+    def banned(self) -> set[str]:
+        now = time.monotonic()
+        return {peer for peer, until in self._until.items() if until > now}
+
+
+async def ping(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
+    """Seconds to open a stream to the server and read its info frame; inf if it does not answer."""
+    started = time.perf_counter()
+    try:
+        _, reader, writer = await asyncio.wait_for(
+            p2p.call_binary_stream_handler(PeerID.from_base58(peer_id_str), INFO_PROTOCOL), timeout_s)
+        try:
+            ServerInfo.from_wire(await asyncio.wait_for(read_frame(reader), timeout_s))
+        finally:
+            writer.close()
+    except (asyncio.TimeoutError, P2PDaemonError, ConnectionError, asyncio.IncompleteReadError, ProtocolError,
+            ValueError) as exc:
+        logger.debug("Ping of %s failed: %r", peer_id_str, exc)
+        return float("inf")
+    return time.perf_counter() - started
