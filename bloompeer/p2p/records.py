@@ -35,7 +35,7 @@ class ServerRecord:
     state: ServerState
     start: int  # the server's whole span, half-open
     end: int
-    throughput: float  # tokens per second through the whole span, as measured or configured
+    throughput: float  # decode tokens per second through one block, as measured or configured (0: unknown)
     cache_tokens_left: int  # KV cache room left, in tokens (batch x length)
     dtype: str
     version: str  # bloompeer version

@@ -44,7 +44,7 @@ def _add_network_flags(parser: argparse.ArgumentParser, listen_default: str) -> 
 def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
     from .server.config import ServerConfig
 
-    defaults = ServerConfig(model="", start=0, end=1)
+    defaults = ServerConfig(model="", start=None, end=None)
     group = parser.add_argument_group("capacity and limits (what one server gives its clients)")
     group.add_argument("--cache-tokens", type=int, default=None, metavar="N",
                        help="attention cache for all sessions together, in tokens over the served blocks; a new "
@@ -62,6 +62,12 @@ def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
                        help=f"sessions one client may have open at once ({defaults.max_sessions_per_peer})")
     group.add_argument("--max-frame-mb", type=float, default=defaults.max_frame_bytes / 2**20, metavar="MB",
                        help=f"largest frame accepted ({defaults.max_frame_bytes / 2**20:.0f} MiB)")
+    group.add_argument("--throughput", type=float, default=None, metavar="TOKENS_PER_S",
+                       help="announce this decode throughput (tokens/s through one block) instead of measuring it "
+                            "at start (measured once per model, device and dtype, then kept in the cache directory)")
+    group.add_argument("--drain-timeout", type=float, default=defaults.drain_timeout_s, metavar="SECONDS",
+                       help="on SIGTERM or Ctrl-C, how long open sessions get to move elsewhere before the server "
+                            f"exits ({defaults.drain_timeout_s:.0f}); a second signal exits at once")
 
 
 def _initial_peers(args: argparse.Namespace) -> tuple[str, ...]:
@@ -106,8 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Load blocks A..B-1 of a BLOOM model and serve them to the swarm until "
                                             "interrupted (SIGINT or SIGTERM), then announce offline and exit.")
     serve.add_argument("--model", required=True, help="local checkpoint directory or Hugging Face hub name")
-    serve.add_argument("--blocks", required=True, type=_block_range, metavar="A:B",
-                       help="serve blocks A..B-1, e.g. 0:8")
+    which = serve.add_mutually_exclusive_group(required=True)
+    which.add_argument("--blocks", type=_block_range, metavar="A:B", help="serve blocks A..B-1, e.g. 0:8")
+    which.add_argument("--num-blocks", type=int, metavar="K",
+                       help="serve K consecutive blocks, chosen where the swarm has the least throughput")
     serve.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ... (default: cpu)")
     serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="compute and cache dtype (default: float32)")
@@ -115,17 +123,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_network_flags(serve, "/ip4/0.0.0.0/tcp/0")
 
     from .generate_command import add_generate_parser
+    from .status_command import add_status_parser
 
     add_generate_parser(commands, _add_network_flags)
+    add_status_parser(commands, _add_network_flags)
     return parser
 
 
-async def _wait_for_signal() -> None:
-    stop = asyncio.Event()
+def _signal_event() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (each time one arrives: clear it to wait for the next)."""
+    event = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+        loop.add_signal_handler(sig, event.set)
+    return event
+
+
+async def _wait_for_signal() -> None:
+    await _signal_event().wait()
 
 
 async def run_dht(args: argparse.Namespace) -> int:
@@ -146,21 +161,33 @@ async def run_serve(args: argparse.Namespace) -> int:
     from .server.config import ServerConfig
     from .server.server import Server
 
-    start, end = args.blocks
+    start, end = args.blocks or (None, None)
     config = ServerConfig(
-        model=args.model, start=start, end=end, network=_network_config(args), device=args.device, dtype=args.dtype,
-        cache_tokens=args.cache_tokens, session_timeout_s=args.session_timeout, max_batch_tokens=args.max_batch_tokens,
-        max_step_tokens=args.max_step_tokens, max_length=args.max_length,
+        model=args.model, start=start, end=end, num_blocks=args.num_blocks, network=_network_config(args),
+        device=args.device, dtype=args.dtype, cache_tokens=args.cache_tokens, session_timeout_s=args.session_timeout,
+        max_batch_tokens=args.max_batch_tokens, max_step_tokens=args.max_step_tokens, max_length=args.max_length,
         max_sessions_per_peer=args.max_sessions_per_peer, max_frame_bytes=int(args.max_frame_mb * 2**20),
+        throughput=args.throughput, drain_timeout_s=args.drain_timeout,
     )
-    stopping = asyncio.ensure_future(_wait_for_signal())
-    server = await Server.create(config)
+    stop = _signal_event()
+    starting = asyncio.ensure_future(Server.create(config))
+    await asyncio.wait([starting, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():  # interrupted while loading: Server.create cleans up after itself
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        return 0
+    server = starting.result()
     try:
         for maddr in await server.node.visible_maddrs():
             print(maddr, flush=True)
-        print(f"online: serving {server.model_uid} blocks {start}:{end} as {server.node.peer_id_str}", flush=True)
-        await stopping
-        logger.info("Shutting down")
+        print(f"online: serving {server.model_uid} blocks {server.start}:{server.end} as {server.node.peer_id_str}",
+              flush=True)
+        await stop.wait()
+        stop.clear()
+        logger.info("Draining (up to %.0f s; signal again to exit now)", config.drain_timeout_s)
+        draining = asyncio.ensure_future(server.drain(config.drain_timeout_s))
+        await asyncio.wait([draining, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        draining.cancel()
     finally:
         await server.shutdown()
     return 0
@@ -196,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         from .generate_command import run_generate
 
         return run_generate(args)  # synchronous: the client runs its own event loop thread
+    if args.command == "status":
+        from .status_command import run_status
+
+        return run_status(args)
     import uvloop
 
     from ..p2p import BloompeerError

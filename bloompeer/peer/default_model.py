@@ -7,24 +7,18 @@ machine with no network can run the whole system. Its text is gibberish by const
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["cache_dir", "default_model_dir", "ensure_default_model", "write_byte_tokenizer", "write_random_checkpoint"]
+from .paths import cache_dir
+
+__all__ = ["default_model_dir", "ensure_default_model", "write_byte_tokenizer", "write_random_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "tiny-random-bloom"
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
-
-
-def cache_dir() -> Path:
-    """$BLOOMPEER_CACHE, else $XDG_CACHE_HOME/bloompeer, else ~/.cache/bloompeer."""
-    if "BLOOMPEER_CACHE" in os.environ:
-        return Path(os.environ["BLOOMPEER_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bloompeer"
 
 
 def default_model_dir() -> Path:

@@ -50,6 +50,7 @@ class PeerProcess:
             env={**os.environ, EXIT_WITH_PARENT_ENV: str(os.getpid()), **(env or {})}, start_new_session=True,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
+        self.online_line: str | None = None
         self.stdout: list[str] = []
         threading.Thread(target=self._read_stdout, name=f"{name}-stdout", daemon=True).start()
 
@@ -81,6 +82,17 @@ class PeerProcess:
             if line.startswith(prefix):
                 return line
 
+    def wait_online(self, deadline: float) -> str:
+        """Wait for a server's "online: serving <model> blocks A:B as <peer id>" line."""
+        self.online_line = self.wait_for_line("online", deadline)
+        return self.online_line
+
+    @property
+    def blocks(self) -> tuple[int, int]:
+        """The blocks a server said it serves, from its online line."""
+        start, end = self.online_line.split(" blocks ", 1)[1].split()[0].split(":")
+        return int(start), int(end)
+
     def log_tail(self, lines: int = 30) -> str:
         self._log.flush()
         text = self.log_path.read_text(errors="replace").splitlines()
@@ -93,6 +105,7 @@ class PeerProcess:
     def stop(self, timeout_s: float = 15.0) -> int:
         """SIGTERM, wait, then SIGKILL by PID. Returns the exit code."""
         if self.process.poll() is None:
+            self.signal(signal.SIGCONT)  # a stopped process would not act on SIGTERM
             self.signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout_s)
@@ -130,22 +143,26 @@ class LocalSwarm:
             for start, end in self.spans:  # all servers start in parallel
                 self.add_server(start, end, wait=False)
             for server in self.servers:
-                server.wait_for_line("online", deadline)
+                server.wait_online(deadline)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def add_server(self, start: int, end: int, extra_args: Sequence[str] = (), wait: bool = True,
+    def add_server(self, start: int | None, end: int | None, extra_args: Sequence[str] = (), wait: bool = True,
                    name: str | None = None, env: dict[str, str] | None = None,
                    model: str | Path | None = None) -> PeerProcess:
-        """Start one more server (of another model if `model` is given) and, by default, wait for it."""
-        args = ["serve", "--model", str(model or self.model), "--blocks", f"{start}:{end}", "--host-maddrs", LOOPBACK,
+        """Start one more server (of another model if `model` is given) and, by default, wait for it.
+
+        With start and end None, pass the choice of blocks in `extra_args` (--num-blocks K).
+        """
+        blocks = [] if start is None else ["--blocks", f"{start}:{end}"]
+        args = ["serve", "--model", str(model or self.model), *blocks, "--host-maddrs", LOOPBACK,
                 "--initial-peers", *self.initial_peers, *self.server_args, *extra_args]
         server = PeerProcess(name or f"server{len(self.servers)}-{start}-{end}", args, self.log_dir, env)
         self.servers.append(server)
         if wait:
-            server.wait_for_line("online", time.monotonic() + self.start_timeout_s)
+            server.wait_online(time.monotonic() + self.start_timeout_s)
         return server
 
     def stop(self) -> None:

@@ -83,7 +83,7 @@ class InferenceSession:
                              f"{self.position} + {num_new} tokens do not fit")
         if self.batch is None:
             self.batch = hidden.shape[0]
-            self._spans = await self._build(0, self.swarm.num_blocks, [])
+            self._spans = await self._build(0, self.swarm.num_blocks, [], self.config.missing_blocks_timeout_s)
         elif hidden.shape[0] != self.batch:
             raise ValueError(f"the session was opened for batch {self.batch}, got {hidden.shape[0]} rows")
         step = _StepInput(self.position, hidden, padding_mask, hypo_ids)
@@ -104,18 +104,19 @@ class InferenceSession:
     async def _replace(self, failed: _Span, error: RemoteError) -> list[_Span]:
         self.swarm.bans.ban(failed.route.peer_id_str, str(error))
         await failed.session.close()
-        return await self._build(failed.route.start, failed.route.end, failed.inputs, error)
+        return await self._build(failed.route.start, failed.route.end, failed.inputs,
+                                 self.config.recovery_timeout_s, error)
 
-    async def _build(self, start: int, end: int, inputs: list[_StepInput],
+    async def _build(self, start: int, end: int, inputs: list[_StepInput], timeout_s: float,
                      error: RemoteError | None = None) -> list[_Span]:
         """Route blocks [start, end), open sessions there and replay `inputs`; retry on failures
-        (banning the servers that fail) until the recovery timeout."""
-        deadline = time.monotonic() + self.config.recovery_timeout_s
+        (banning the servers that fail) for up to `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
         while True:
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
-                raise MissingBlocksError(self.swarm.model_uid, list(range(start, end)),
-                                         self.config.recovery_timeout_s, str(error) if error else None)
+                raise MissingBlocksError(self.swarm.model_uid, list(range(start, end)), timeout_s,
+                                         str(error) if error else None)
             route = await self.swarm.route(start, end, self.batch * self.max_length, remaining_s,
                                            self.config.poll_period_s)
             spans: list[_Span] = []

@@ -12,8 +12,9 @@ __all__ = ["ServerConfig"]
 @dataclass(frozen=True)
 class ServerConfig:
     model: str  # local checkpoint directory or hub name
-    start: int  # first block served
-    end: int  # one past the last block served
+    start: int | None  # first block served (None: choose num_blocks where the swarm is weakest)
+    end: int | None  # one past the last block served
+    num_blocks: int | None = None  # how many blocks to choose when start and end are None
     network: NetworkConfig = field(default_factory=NetworkConfig)
     device: str = "cpu"
     dtype: str = "float32"  # compute and cache dtype: float32, bfloat16 or float16
@@ -27,4 +28,6 @@ class ServerConfig:
     max_batch: int = 64  # rows per session
     max_length: int = 8192  # tokens per session (prompt and generated)
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # larger frames are refused unread
-    throughput: float = 0.0  # announced tokens/s through the whole span (0: not measured)
+    throughput: float | None = None  # announced decode tokens/s through one block (None: measure once, cached)
+    drain_timeout_s: float = 5.0  # on SIGTERM, how long open sessions get to move before the server exits
+    choice_delay_s: float = 2.0  # --num-blocks waits up to this long (random) so that peers starting together differ

@@ -1,8 +1,9 @@
 """A running server: its blocks, its place in the network, its handlers and its DHT announcements.
 
-Lifecycle: joining (network up, weights loading) -> online (serving) -> offline (shut down).
-The state is announced on the DHT at each change and re-announced every period, with an
-expiration a few periods ahead, so a server that dies silently disappears on its own.
+Lifecycle: joining (network up, weights loading) -> online (serving) -> draining (SIGTERM: no new
+sessions; open ones are told to move) -> offline (announced, then shut down). The state is
+announced on the DHT at each change and re-announced every period, with an expiration a few
+periods ahead, so a server that dies without a word (SIGKILL) disappears on its own.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import random
+import time
 
 import torch
 
@@ -19,12 +22,14 @@ from ...p2p import (
     FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PeerNode, ServerInfo, ServerRecord, ServerState, get_dht_time,
 )
 from .backend import SpanBackend
+from .block_choice import choose_blocks
 from .compute import ComputeWorker
 from .config import ServerConfig
 from .handlers import handle_forward_stream, handle_inference_stream, handle_info_stream
 from .memory import CacheBudget, default_cache_bytes
 from .scheduler import Scheduler
 from .sessions import SessionRegistry
+from .throughput import cached_throughput, measure_throughput
 
 __all__ = ["Server"]
 
@@ -38,6 +43,8 @@ class Server:
         self.config, self.checkpoint, self.node, self.compute = config, checkpoint, node, compute
         self.model_uid = checkpoint.model_uid
         self.fingerprint = checkpoint.fingerprint()
+        self.start, self.end = config.start, config.end
+        self.throughput = config.throughput or 0.0
         self.state = ServerState.JOINING
         self.backend: SpanBackend | None = None
         self.budget: CacheBudget | None = None
@@ -49,23 +56,36 @@ class Server:
         """Join the network, load the blocks, register the handlers and announce online."""
         checkpoint = open_checkpoint(config.model)
         num_blocks = checkpoint.config().n_layer
-        if not 0 <= config.start < config.end <= num_blocks:
+        if config.start is not None and not 0 <= config.start < config.end <= num_blocks:
             raise ValueError(f"--blocks {config.start}:{config.end} is not a range within {checkpoint.model_uid}'s "
                              f"{num_blocks} blocks (0:{num_blocks})")
+        if config.start is None and not 0 < config.num_blocks <= num_blocks:
+            raise ValueError(f"--num-blocks {config.num_blocks} is not between 1 and {checkpoint.model_uid}'s "
+                             f"{num_blocks} blocks")
         node = await PeerNode.create(config.network)
         server = cls(config, checkpoint, node, ComputeWorker(config.device))
         try:
-            await server._start()
+            await server._start(num_blocks)
         except BaseException:
             await server.shutdown()
             raise
         return server
 
-    async def _start(self) -> None:
+    async def _start(self, num_blocks: int) -> None:
+        if self.start is None:
+            await asyncio.sleep(random.uniform(0, self.config.choice_delay_s))
+            servers = await self.node.directory.find_servers(self.model_uid, num_blocks)
+            self.start, self.end = choose_blocks(servers, num_blocks, self.config.num_blocks)
+            logger.info("Chose blocks %d:%d, where the swarm is weakest", self.start, self.end)
         await self.announce()
-        load = functools.partial(BlockSpan.from_checkpoint, self.checkpoint, self.config.start, self.config.end,
+        load = functools.partial(BlockSpan.from_checkpoint, self.checkpoint, self.start, self.end,
                                  getattr(torch, self.config.dtype), self.config.device)
         span = await self.compute.run(load)  # keeps the loop (and the DHT node) responsive while loading
+        if not self.throughput:
+            key = f"{self.fingerprint}|{self.config.device}|{self.config.dtype}|{torch.__version__}"
+            measure = functools.partial(measure_throughput, span, self.config.device, getattr(torch, self.config.dtype))
+            self.throughput = await self.compute.run(cached_throughput, key, measure, rows=1)
+        logger.info("Throughput: %.1f tokens/s per block", self.throughput)
         self._start_serving(span)
         handlers = {
             INFERENCE_PROTOCOL: functools.partial(handle_inference_stream, self.backend),
@@ -97,24 +117,23 @@ class Server:
         self._tasks.append(asyncio.create_task(registry.expire_idle(), name="bloompeer-session-reaper"))
 
     def info(self) -> ServerInfo:
-        return ServerInfo(self.model_uid, self.config.start, self.config.end, self.state.value, __version__,
-                          self.config.dtype, self.budget.tokens_left if self.budget else 0,
+        return ServerInfo(self.model_uid, self.start, self.end, self.state.value, __version__, self.config.dtype,
+                          self.budget.tokens_left if self.budget else 0,
                           len(self.backend.registry.sessions) if self.backend else 0)
 
     def record(self) -> ServerRecord:
         return ServerRecord(
-            peer_id=self.node.peer_id_str, state=self.state, start=self.config.start, end=self.config.end,
-            throughput=self.config.throughput, cache_tokens_left=self.budget.tokens_left if self.budget else 0,
+            peer_id=self.node.peer_id_str, state=self.state, start=self.start, end=self.end,
+            throughput=self.throughput, cache_tokens_left=self.budget.tokens_left if self.budget else 0,
             dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint, relayed=False,
         )
 
     async def announce(self) -> bool:
         expiration = get_dht_time() + RECORD_LIFETIME_PERIODS * self.config.announce_period_s
-        blocks = range(self.config.start, self.config.end)
-        ok = await self.node.directory.announce(self.model_uid, blocks, self.record(), expiration)
+        ok = await self.node.directory.announce(self.model_uid, range(self.start, self.end), self.record(), expiration)
         if not ok:
             logger.warning("Could not announce %s blocks %d:%d as %s on the DHT (will retry)",
-                           self.model_uid, self.config.start, self.config.end, self.state.value)
+                           self.model_uid, self.start, self.end, self.state.value)
         return ok
 
     async def _announce_periodically(self) -> None:
@@ -122,16 +141,31 @@ class Server:
             await asyncio.sleep(self.config.announce_period_s)
             await self.announce()
 
+    async def drain(self, timeout_s: float) -> None:
+        """Take no new sessions, tell the open ones to move (their next step is refused), and wait
+        up to `timeout_s` for them to go."""
+        if self.state is not ServerState.ONLINE:
+            return
+        self.state = ServerState.DRAINING
+        await self.announce()
+        deadline = time.monotonic() + timeout_s
+        while self.backend.registry.sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = len(self.backend.registry.sessions)
+        logger.info("Drained: %s", f"{left} session(s) still open after {timeout_s:.0f} s" if left else "no sessions left")
+
     async def shutdown(self) -> None:
         """Announce offline and release everything. Idempotent."""
         if self.state is ServerState.OFFLINE:
             return
+        was_announced = self.start is not None
         self.state = ServerState.OFFLINE
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
-            await self.announce()
+            if was_announced:
+                await self.announce()
             for name in self._handlers:
                 await self.node.p2p.remove_binary_stream_handler(name)
         finally:

@@ -1,0 +1,59 @@
+"""How fast this server computes, announced so clients can estimate routes and new servers can
+find where the swarm is weakest.
+
+Throughput is tokens per second through one block during decoding (batch 1, one token per
+step, with a cache), measured once after loading and kept on disk per model, device and dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import torch
+
+from ...blocks import BlockSpan, SessionCache
+from ..paths import cache_dir
+
+__all__ = ["measure_throughput", "cached_throughput"]
+
+logger = logging.getLogger(__name__)
+
+MEASURE_STEPS = 16
+
+
+def measure_throughput(span: BlockSpan, device: str, dtype: torch.dtype) -> float:
+    """Decode steps through the whole span: tokens/s through one block."""
+    cache = SessionCache(span.config, span.start, span.end, 1, MEASURE_STEPS + 2, dtype, device)
+    hidden = torch.randn(1, 1, span.config.hidden_size, dtype=dtype, device=device)
+    with torch.inference_mode():
+        for position in range(MEASURE_STEPS + 2):
+            if position == 2:  # the first steps warm up kernels and allocators
+                started = time.perf_counter()
+            span(hidden, cache.begin_step(position, None, 1), cache)
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+    seconds_per_block = (time.perf_counter() - started) / MEASURE_STEPS / span.num_blocks
+    return 1.0 / seconds_per_block
+
+
+def cached_throughput(key: str, measure) -> float:
+    """The throughput stored under `key`, or `measure()` (then stored)."""
+    path = cache_dir() / "throughput.json"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known.get(key), (int, float)):
+        return float(known[key])
+    throughput = measure()
+    known[key] = throughput
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError as exc:
+        logger.warning("Could not save the measured throughput to %s: %s", path, exc)
+    return throughput
