@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
 import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Awaitable, Callable
 
 from .. import _version
@@ -24,7 +24,6 @@ __all__ = ["main", "build_parser"]
 logger = logging.getLogger("bloompeer")
 
 INITIAL_PEERS_ENV = "BLOOMPEER_INITIAL_PEERS"
-_PR_SET_PDEATHSIG = 1
 
 
 def _add_network_flags(parser: argparse.ArgumentParser, listen_default: str) -> None:
@@ -204,14 +203,19 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def _exit_with_parent() -> None:
-    """For children of a LocalSwarm: get SIGTERM when the parent dies, however it dies (Linux)."""
+    """For children of a LocalSwarm: SIGTERM ourselves when the parent process is gone, however it
+    died. (Polled: Linux's PR_SET_PDEATHSIG fires when the parent *thread* ends, which is wrong for
+    a parent that starts peers from a worker thread.)"""
     parent = os.environ.pop(EXIT_WITH_PARENT_ENV, None)
     if parent is None:
         return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != int(parent):  # the parent died before prctl took effect
-        sys.exit(1)
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="bloompeer-parent-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 
 from hivemind.p2p import P2P, P2PDaemonError, PeerID
@@ -36,8 +37,21 @@ class BanList:
         return {peer for peer, until in self._until.items() if until > now}
 
 
+PINGS = 3  # per measurement, averaged: a server that stalls now and then is slow, however fast its best ping
+
+
 async def ping(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
-    """Seconds to open a stream to the server and read its info frame; inf if it does not answer."""
+    """Mean seconds of a few round trips to the server (a stream and its info frame); inf if it
+    does not answer."""
+    rtts = []
+    for _ in range(PINGS):
+        rtts.append(await _ping_once(p2p, peer_id_str, timeout_s))
+        if rtts[-1] == float("inf"):
+            break
+    return statistics.fmean(rtts)
+
+
+async def _ping_once(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
     started = time.perf_counter()
     try:
         _, reader, writer = await asyncio.wait_for(

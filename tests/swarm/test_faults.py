@@ -1,0 +1,166 @@
+"""Servers that die, hang or leave during a generation: the tokens still equal the fault-free run and HF.
+
+Each test gets servers of its own model name (a copy of the tiny checkpoint) on the shared
+bootstrap peer, so killing them never disturbs other tests.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from bloompeer import ClientConfig, DistributedBloomForCausalLM, MissingBlocksError, NetworkConfig
+
+PROMPT = torch.tensor([[1, 30, 31, 32, 33]])
+NEW_TOKENS = 36
+
+
+class _AtToken(LogitsProcessor):
+    """Calls `action` once, when the `at`-th new token is being chosen (inside generate's loop)."""
+
+    def __init__(self, at: int, action):
+        self.at, self.action, self.count = at, action, 0
+
+    def __call__(self, input_ids, scores):
+        self.count += 1
+        if self.count == self.at:
+            self.action()
+        return scores
+
+
+@pytest.fixture
+def fresh_model(tiny_checkpoint, tmp_path):
+    """A copy of the tiny checkpoint under a name of its own."""
+    path = tmp_path / f"fault-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(tiny_checkpoint, path)
+    return path
+
+
+@pytest.fixture
+def start_servers(swarm, fresh_model):
+    """start_servers([(0, 4), (0, 2)], *extra_args) -> PeerProcesses, started in parallel; all stopped after."""
+    started = []
+
+    def start(spans, *extra_args):
+        servers = [swarm.add_server(a, b, model=fresh_model, wait=False, name=f"{fresh_model.name}-{a}-{b}-{i}",
+                                    extra_args=extra_args) for i, (a, b) in enumerate(spans)]
+        started.extend(servers)
+        deadline = time.monotonic() + 120
+        for server in servers:
+            server.wait_online(deadline)
+        return servers
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def _client(swarm, model_path, **timeouts) -> DistributedBloomForCausalLM:
+    config = ClientConfig(network=NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True),
+                          request_timeout_s=3.0, swarm_refresh_period_s=1.0, poll_period_s=0.5, **timeouts)
+    return DistributedBloomForCausalLM.from_pretrained(model_path, client_config=config)
+
+
+def _server_of_first_span(model, servers):
+    peer = model._generate_session.route[0].peer_id_str
+    return next(server for server in servers if server.peer_id_str == peer)
+
+
+def _generate_with_fault(model, servers, fault) -> tuple[torch.Tensor, object]:
+    """Generate, and at the 4th token apply `fault` to the server of the route's first span."""
+    victim = []
+
+    def act():
+        victim.append(_server_of_first_span(model, servers))
+        fault(victim[0])
+
+    with torch.inference_mode():
+        tokens = model.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                                logits_processor=LogitsProcessorList([_AtToken(4, act)]))
+    return tokens, victim[0]
+
+
+@pytest.fixture(scope="module")
+def expected(reference_model):
+    with torch.inference_mode():
+        return reference_model.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                        do_sample=False)
+
+
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP", "SIGTERM"])
+def test_generation_survives_a_server_fault(fault, swarm, fresh_model, start_servers, expected):
+    servers = start_servers([(0, 4), (0, 2), (2, 4)])
+    with _client(swarm, fresh_model) as model:
+        with torch.inference_mode():  # the fault-free run, through the same swarm
+            fault_free = model.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                        do_sample=False)
+        tokens, victim = _generate_with_fault(model, servers, lambda server: server.signal(getattr(signal, fault)))
+    assert tokens.tolist() == fault_free.tolist() == expected.tolist()
+    if fault == "SIGTERM":  # a graceful drain: the server exits by itself, cleanly, within its drain timeout
+        assert victim.process.wait(timeout=30) == 0
+
+
+def test_generation_waits_for_a_replacement_server(swarm, fresh_model, start_servers, expected):
+    servers = start_servers([(0, 2), (2, 4)])
+    starting = []
+
+    def kill_and_replace(server):
+        server.signal(signal.SIGKILL)
+        starting.append(threading.Thread(target=start_servers, args=([server.blocks],)))
+        starting[0].start()
+
+    with _client(swarm, fresh_model, recovery_timeout_s=90.0) as model:
+        tokens, victim = _generate_with_fault(model, servers, kill_and_replace)
+    starting[0].join()
+    assert victim.blocks == (0, 2)
+    assert tokens.tolist() == expected.tolist()
+
+
+def test_no_replacement_is_a_clear_error_in_time(swarm, fresh_model, start_servers):
+    servers = start_servers([(0, 2), (2, 4)])
+    started = []
+    with _client(swarm, fresh_model, recovery_timeout_s=4.0) as model:
+        with pytest.raises(MissingBlocksError, match=r"block\(s\) 0:2 of " + fresh_model.name):
+            _generate_with_fault(model, servers, lambda server: (started.append(time.monotonic()),
+                                                                 server.signal(signal.SIGKILL)))
+    assert time.monotonic() - started[0] < 30
+
+
+def test_num_blocks_fills_the_model_before_doubling_up(swarm, fresh_model, start_servers):
+    first = start_servers([(None, None)], "--num-blocks", "2")[0]
+    second = start_servers([(None, None)], "--num-blocks", "2")[0]
+    assert {first.blocks, second.blocks} == {(0, 2), (2, 4)}
+    third = start_servers([(None, None)], "--num-blocks", "3")[0]
+    assert third.blocks in {(0, 3), (1, 4)}
+
+
+def test_routing_prefers_the_faster_of_two_servers(swarm, fresh_model, start_servers):
+    """One server is really slowed down (stopped 95% of the time); the client measures and avoids it."""
+    servers = start_servers([(0, 4), (0, 4)])
+    for slow, fast in [(servers[0], servers[1]), (servers[1], servers[0])]:
+        stop_slowing = threading.Event()
+        slowing = threading.Thread(target=_throttle, args=(slow, stop_slowing))
+        slowing.start()
+        try:
+            with _client(swarm, fresh_model) as model, model.inference_session(max_length=8) as session:
+                with torch.inference_mode():
+                    model(PROMPT)
+                assert [piece.peer_id_str for piece in session.route] == [fast.peer_id_str]
+        finally:
+            stop_slowing.set()
+            slowing.join()
+
+
+def _throttle(server, stop: threading.Event) -> None:
+    while not stop.is_set():
+        server.signal(signal.SIGSTOP)
+        time.sleep(0.19)
+        server.signal(signal.SIGCONT)
+        time.sleep(0.01)
