@@ -10,8 +10,8 @@ from .errors import (
 )
 from .framing import DEFAULT_MAX_FRAME_BYTES, pack, read_frame, unpack, write_frame
 from .messages import (
-    FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, CloseSession, ErrorFrame, ForwardRequest, Message,
-    OpenSession, ServerInfo, SessionReady, Step, StepOutput, decode_message,
+    FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, CloseSession, ErrorFrame, ForwardRequest,
+    Message, OpenSession, PushStep, PushTarget, ServerInfo, SessionReady, Step, StepOutput, decode_message,
 )
 from .node import NetworkConfig, NetworkError, PeerNode
 from .records import ServerRecord, ServerState, block_key

@@ -9,6 +9,8 @@ positions) belong to the server, which knows them.
         client: OpenSession -> server: SessionReady | ErrorFrame
         client: Step        -> server: StepOutput   | ErrorFrame    (repeated)
         client: CloseSession, or end of stream
+    push (server to server, one way; the receiver answers on its own client's inference stream):
+        server: PushStep -> next server, which sends StepOutput | ErrorFrame to the session's client
     forward:  client: ForwardRequest -> server: StepOutput | ErrorFrame
     info:     server: ServerInfo (as soon as the stream opens)
 """
@@ -24,14 +26,15 @@ from .errors import ErrorCode, ProtocolError
 from .tensors import FLOAT_DTYPES, tensor_from_wire, tensor_to_wire
 
 __all__ = [
-    "PROTOCOL_VERSION", "INFO_PROTOCOL", "INFERENCE_PROTOCOL", "FORWARD_PROTOCOL", "Message",
+    "PROTOCOL_VERSION", "INFO_PROTOCOL", "INFERENCE_PROTOCOL", "FORWARD_PROTOCOL", "PUSH_PROTOCOL", "Message",
     "OpenSession", "SessionReady", "Step", "StepOutput", "CloseSession", "ForwardRequest", "ErrorFrame",
-    "ServerInfo", "decode_message",
+    "PushStep", "PushTarget", "ServerInfo", "decode_message",
 ]
 
 PROTOCOL_VERSION = 1
 INFO_PROTOCOL = f"bloompeer.info/{PROTOCOL_VERSION}"
 INFERENCE_PROTOCOL = f"bloompeer.inference/{PROTOCOL_VERSION}"
+PUSH_PROTOCOL = f"bloompeer.push/{PROTOCOL_VERSION}"
 FORWARD_PROTOCOL = f"bloompeer.forward/{PROTOCOL_VERSION}"
 
 MAX_STRING_CHARS = 1024
@@ -120,15 +123,43 @@ class OpenSession(Message):
 
 @dataclass(frozen=True)
 class SessionReady(Message):
+    """session_id: a random token; whoever holds it may push steps into this session (the client
+    gives it to the previous server of its chain)."""
+
     TYPE: ClassVar[str] = "ready"
+    session_id: str
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": self.TYPE}
+        return {"type": self.TYPE, "session_id": self.session_id}
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> SessionReady:
-        _Fields(message, cls.TYPE, set())
-        return cls()
+        return cls(_Fields(message, cls.TYPE, {"session_id"}).str("session_id"))
+
+
+@dataclass(frozen=True)
+class PushTarget:
+    """The next hop of a server-to-server push: a server and a session open there."""
+
+    peer_id_str: str
+    session_id: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"peer": self.peer_id_str, "session": self.session_id}
+
+
+MAX_PUSH_HOPS = 64
+
+
+def _push_targets(f: _Fields, name: str) -> tuple[PushTarget, ...]:
+    value = f.message.get(name) or []
+    if not isinstance(value, list) or len(value) > MAX_PUSH_HOPS:
+        raise ProtocolError(f"{f.type_name}.{name} must be a list of at most {MAX_PUSH_HOPS} hops")
+    targets = []
+    for hop in value:
+        hop_fields = _Fields(hop if isinstance(hop, dict) else {}, f"{f.type_name}.{name}[]", {"peer", "session"})
+        targets.append(PushTarget(hop_fields.str("peer"), hop_fields.str("session")))
+    return tuple(targets)
 
 
 @dataclass(frozen=True)
@@ -138,6 +169,9 @@ class Step(Message):
     position: tokens already in the cache that these follow (a smaller value rewinds, so a
     client can replay a prefix). padding_mask: [batch, new] bool, False at padding; absent
     means no padding. hypo_ids: [batch] int64, beam search's reordering of the cached rows.
+    step_id: the client's number for this step, echoed in the output (so a late answer to an
+    abandoned step is recognised). push: the rest of the chain; the server sends its output
+    on to the first hop as a PushStep (and to the client as usual).
     """
 
     TYPE: ClassVar[str] = "step"
@@ -145,30 +179,57 @@ class Step(Message):
     hidden: torch.Tensor  # [batch, new, hidden_size]
     padding_mask: torch.Tensor | None = None
     hypo_ids: torch.Tensor | None = None
+    step_id: int = 0
+    push: tuple[PushTarget, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "position": self.position, "hidden": tensor_to_wire(self.hidden),
-                "padding_mask": _optional_tensor(self.padding_mask), "hypo_ids": _optional_tensor(self.hypo_ids)}
+                "padding_mask": _optional_tensor(self.padding_mask), "hypo_ids": _optional_tensor(self.hypo_ids),
+                "step_id": self.step_id, "push": [hop.to_wire() for hop in self.push]}
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> Step:
-        f = _Fields(message, cls.TYPE, {"position", "hidden"}, {"padding_mask", "hypo_ids"})
-        return cls(f.int("position"), f.tensor("hidden", FLOAT_DTYPES),
-                   f.tensor("padding_mask", _MASK_DTYPES), f.tensor("hypo_ids", _INDEX_DTYPES))
+        f = _Fields(message, cls.TYPE, {"position", "hidden"}, {"padding_mask", "hypo_ids", "step_id", "push"})
+        return cls._from_fields(f)
+
+    @classmethod
+    def _from_fields(cls, f: _Fields) -> Step:
+        return cls(f.int("position"), f.tensor("hidden", FLOAT_DTYPES), f.tensor("padding_mask", _MASK_DTYPES),
+                   f.tensor("hypo_ids", _INDEX_DTYPES), f.int("step_id") if "step_id" in f.message else 0,
+                   _push_targets(f, "push"))
+
+
+@dataclass(frozen=True)
+class PushStep(Message):
+    """A step pushed by the previous server of a client's chain into session `session_id` here."""
+
+    TYPE: ClassVar[str] = "push"
+    session_id: str
+    step: Step
+
+    def to_wire(self) -> dict[str, Any]:
+        return {**self.step.to_wire(), "type": self.TYPE, "session_id": self.session_id}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> PushStep:
+        f = _Fields(message, cls.TYPE, {"session_id", "position", "hidden"},
+                    {"padding_mask", "hypo_ids", "step_id", "push"})
+        return cls(f.str("session_id"), Step._from_fields(f))
 
 
 @dataclass(frozen=True)
 class StepOutput(Message):
     TYPE: ClassVar[str] = "output"
     hidden: torch.Tensor  # [batch, new, hidden_size]
+    step_id: int = 0  # the step's, for inference
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "hidden": tensor_to_wire(self.hidden)}
+        return {"type": self.TYPE, "hidden": tensor_to_wire(self.hidden), "step_id": self.step_id}
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> StepOutput:
-        f = _Fields(message, cls.TYPE, {"hidden"})
-        return cls(f.tensor("hidden", FLOAT_DTYPES))
+        f = _Fields(message, cls.TYPE, {"hidden"}, {"step_id"})
+        return cls(f.tensor("hidden", FLOAT_DTYPES), f.int("step_id") if "step_id" in message else 0)
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ async def _until(predicate, timeout_s=10.0):
 
 async def test_cache_is_reserved_at_open_and_a_full_server_says_how_full(node, limited_server):
     _, first_writer, reply = await _open(node, limited_server, max_length=48)
-    assert reply == {"type": "ready"}
+    assert reply["type"] == "ready"
     assert (await _info(node, limited_server)).cache_tokens_left == CACHE_TOKENS - 48
     _, _, refused = await _open(node, limited_server, max_length=32, alloc_timeout_s=0.3)
     assert refused["code"] == ErrorCode.BUSY.value
@@ -73,7 +73,7 @@ async def test_cache_is_reserved_at_open_and_a_full_server_says_how_full(node, l
     assert not waiting.done()
     first_writer.close()  # the client goes away: its session is freed, the waiting open gets the room
     _, writer, reply = await asyncio.wait_for(waiting, 20)
-    assert reply == {"type": "ready"}
+    assert reply["type"] == "ready"
     writer.close()
     await _until(lambda: _full(node, limited_server))
 
@@ -91,7 +91,7 @@ async def test_never_fits_is_refused_at_once(node, limited_server):
 
 async def test_idle_sessions_are_closed_after_the_timeout(node, limited_server):
     reader, writer, reply = await _open(node, limited_server, max_length=16)
-    assert reply == {"type": "ready"}
+    assert reply["type"] == "ready"
     with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
         await asyncio.wait_for(read_frame(reader), 15)  # the server ends the stream after 2 s idle
     writer.close()
@@ -100,7 +100,7 @@ async def test_idle_sessions_are_closed_after_the_timeout(node, limited_server):
 
 async def test_sessions_per_peer_are_limited(node, limited_server):
     opened = [await _open(node, limited_server, max_length=8) for _ in range(3)]
-    assert all(reply == {"type": "ready"} for _, _, reply in opened)
+    assert all(reply["type"] == "ready" for _, _, reply in opened)
     _, writer, reply = await _open(node, limited_server, max_length=8)
     assert reply["code"] == ErrorCode.BUSY.value and "per peer" in reply["message"]
     for _, other_writer, _ in opened + [(None, writer, None)]:

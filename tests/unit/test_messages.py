@@ -2,16 +2,19 @@ import pytest
 import torch
 
 from bloompeer.p2p import (
-    CloseSession, ErrorCode, ErrorFrame, ForwardRequest, OpenSession, ProtocolError, ServerInfo, SessionReady, Step,
+    CloseSession, ErrorCode, ErrorFrame, ForwardRequest, OpenSession, ProtocolError, PushStep, PushTarget, ServerInfo,
+    SessionReady, Step,
     StepOutput, decode_message, pack, tensor_to_wire, unpack,
 )
 
 MESSAGES = [
-    OpenSession("m", 0, 4, 2, 128),
-    SessionReady(),
+    OpenSession("m", 0, 4, 2, 128, 2.5),
+    SessionReady("ab" * 16),
     Step(5, torch.randn(2, 1, 8)),
     Step(0, torch.randn(2, 3, 8), torch.tensor([[False, True, True], [True, True, True]]), torch.tensor([1, 0])),
-    StepOutput(torch.randn(1, 1, 8).to(torch.bfloat16)),
+    StepOutput(torch.randn(1, 1, 8).to(torch.bfloat16), 7),
+    Step(3, torch.randn(1, 1, 8), step_id=9, push=(PushTarget("peerB", "s1"), PushTarget("peerC", "s2"))),
+    PushStep("s1", Step(3, torch.randn(1, 1, 8), step_id=9, push=(PushTarget("peerC", "s2"),))),
     CloseSession(),
     ForwardRequest("m", 1, 2, torch.randn(1, 4, 8), torch.ones(1, 4, dtype=torch.bool)),
     ErrorFrame(ErrorCode.BUSY, "no room"),
@@ -22,6 +25,8 @@ MESSAGES = [
 def _equal(a, b):
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, Step):
+        return all(_equal(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
     return a == b
 
 
@@ -43,6 +48,10 @@ def test_round_trip_through_bytes(message):
     {"type": "step", "position": 0},
     {"type": "step", "position": "0", "hidden": None},
     {"type": "step", "position": 0, "hidden": {**tensor_to_wire(torch.zeros(1, 1, 2)), "dtype": "int64"}},
+    {"type": "step", "position": 0, "hidden": tensor_to_wire(torch.zeros(1, 1, 2)), "push": [{"peer": "x"}]},
+    {"type": "step", "position": 0, "hidden": tensor_to_wire(torch.zeros(1, 1, 2)), "push": "x"},
+    {"type": "step", "position": 0, "hidden": tensor_to_wire(torch.zeros(1, 1, 2)),
+     "push": [{"peer": "x", "session": "y"}] * 65},
     {"type": "unknown"},
     {"no_type": 1},
 ])

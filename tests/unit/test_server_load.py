@@ -55,14 +55,19 @@ async def test_registry_limits_sessions_per_peer_and_frees_on_close_and_expiry()
     def make_cache():
         return SessionCache(CONFIG, 0, 2, 1, 4, torch.float32)
 
-    first = await registry.open("peer-a", 100, 0, make_cache, lambda: expired.append("first"))
-    await registry.open("peer-a", 100, 0, make_cache, lambda: expired.append("second"))
+    async def deliver(message):
+        pass
+
+    first = await registry.open("peer-a", 100, 0, make_cache, lambda: expired.append("first"), deliver)
+    await registry.open("peer-a", 100, 0, make_cache, lambda: expired.append("second"), deliver)
     with pytest.raises(ProtocolError) as info:
-        await registry.open("peer-a", 100, 0, make_cache, lambda: None)
+        await registry.open("peer-a", 100, 0, make_cache, lambda: None, deliver)
     assert info.value.code is ErrorCode.BUSY
-    await registry.open("peer-b", 100, 0, make_cache, lambda: None)  # other peers are not affected
+    await registry.open("peer-b", 100, 0, make_cache, lambda: None, deliver)  # other peers are not affected
+    assert registry.find(first.token) is first
     await registry.close(first)
     await registry.close(first)  # idempotent
+    assert registry.find(first.token) is None
     assert budget.used_bytes == 200
     reaper = asyncio.create_task(registry.expire_idle())
     try:

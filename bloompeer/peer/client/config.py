@@ -18,3 +18,4 @@ class ClientConfig:
     recovery_timeout_s: float = 60.0  # how long to keep re-routing around failing servers before giving up
     poll_period_s: float = 1.0  # how often the DHT is read again while waiting for missing blocks
     swarm_refresh_period_s: float = 10.0  # how often the view of the swarm is read from the DHT in the background
+    push: bool = True  # servers pass each step's output straight to the next server (see benchmarks/inference.py)

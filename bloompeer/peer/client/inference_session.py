@@ -1,15 +1,19 @@
 """An inference session across the whole chain, surviving servers that fail mid-generation.
 
-The client sends each step's hidden states along the route, span by span; the servers keep the
-attention caches. For every span the client also keeps what it sent. When a server fails (lost
-stream, error frame, no answer in time), it is banned for a while, its blocks are routed again,
-and the kept inputs are replayed, step by step as first sent, to the new servers to rebuild their
-caches; then the step goes on. The output is the same as without the fault.
+The client sends each step's hidden states along the route; the servers keep the attention
+caches. With push (the default), the step goes to the first server only, each server sends its
+output straight on to the next one, and every server also sends its output back to the client;
+without push, the client sends it span by span. For every span the client keeps what the span
+received. When a server fails (lost stream, error frame, no answer in time), it is banned for a
+while, its blocks are routed again, and the kept inputs are replayed, step by step as first
+sent, to the new servers to rebuild their caches; then the step goes on, span by span. The
+output is the same as without the fault.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from hivemind.p2p import P2P
 
-from ...p2p import RemoteError
+from ...p2p import PushTarget, RemoteError, Step
 from .config import ClientConfig
 from .errors import MissingBlocksError
 from .routing import SpanRoute
@@ -37,6 +41,13 @@ class _StepInput:
     hidden: torch.Tensor  # [batch, new, hidden_size]
     padding_mask: torch.Tensor | None
     hypo_ids: torch.Tensor | None
+
+    def message(self, step_id: int, push: tuple[PushTarget, ...] = ()) -> Step:
+        return Step(self.position, self.hidden, self.padding_mask, self.hypo_ids, step_id, push)
+
+    def with_hidden(self, hidden: torch.Tensor) -> _StepInput:
+        """The same step as the next span receives it."""
+        return _StepInput(self.position, hidden, self.padding_mask, self.hypo_ids)
 
     def truncated(self, position: int) -> _StepInput | None:
         """This step without its tokens at `position` and after (None if nothing is left)."""
@@ -62,6 +73,7 @@ class InferenceSession:
         self.position = 0
         self.batch: int | None = None
         self._spans: list[_Span] = []
+        self._step_ids = itertools.count(1)
         self._closed = False
 
     @property
@@ -88,18 +100,45 @@ class InferenceSession:
             raise ValueError(f"the session was opened for batch {self.batch}, got {hidden.shape[0]} rows")
         step = _StepInput(self.position, hidden, padding_mask, hypo_ids)
         index = 0
+        if self.config.push and len(self._spans) > 1:
+            index, step = await self._push_along(step)
         while index < len(self._spans):
             span = self._spans[index]
             try:
-                output = await span.session.step(step.position, step.hidden, step.padding_mask, step.hypo_ids)
+                output = await span.session.step(step.message(next(self._step_ids)))
             except RemoteError as exc:
                 self._spans[index:index + 1] = await self._replace(span, exc)
                 continue  # the same step, on the new spans
             span.inputs.append(step)
-            step = _StepInput(step.position, output, step.padding_mask, step.hypo_ids)
+            step = step.with_hidden(output)
             index += 1
         self.position += num_new
         return step.hidden
+
+    async def _push_along(self, step: _StepInput) -> tuple[int, _StepInput]:
+        """Send the step to the first span, to be pushed through the rest; collect every span's answer.
+
+        Returns how many spans answered, in chain order, and the input for the next one. The first
+        span that did not answer is replaced, so the caller goes on from there span by span.
+        """
+        step_id = next(self._step_ids)
+        hops = tuple(PushTarget(span.route.peer_id_str, span.session.session_id) for span in self._spans[1:])
+        answers: list = []
+        try:
+            await self._spans[0].session.send(step.message(step_id, hops))
+            answers = await asyncio.gather(*(span.session.receive(step_id, step.hidden) for span in self._spans),
+                                           return_exceptions=True)
+        except RemoteError as exc:
+            answers = [exc]
+        for index, (span, answer) in enumerate(zip(self._spans, answers)):
+            if isinstance(answer, RemoteError):
+                self._spans[index:index + 1] = await self._replace(span, answer)
+                return index, step
+            if isinstance(answer, BaseException):
+                raise answer
+            span.inputs.append(step)
+            step = step.with_hidden(answer)
+        return len(self._spans), step
 
     async def _replace(self, failed: _Span, error: RemoteError) -> list[_Span]:
         self.swarm.bans.ban(failed.route.peer_id_str, str(error))
@@ -148,8 +187,7 @@ class InferenceSession:
         for span in spans:
             outputs = []
             for step in inputs:
-                output = await span.session.step(step.position, step.hidden, step.padding_mask, step.hypo_ids)
-                outputs.append(_StepInput(step.position, output, step.padding_mask, step.hypo_ids))
+                outputs.append(step.with_hidden(await span.session.step(step.message(next(self._step_ids)))))
             span.inputs, inputs = list(inputs), outputs
 
     def rewind(self, position: int) -> None:

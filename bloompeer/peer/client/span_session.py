@@ -13,8 +13,8 @@ from hivemind.p2p import P2P, P2PDaemonError, PeerID
 
 from ...p2p import (
     FORWARD_PROTOCOL, INFERENCE_PROTOCOL, CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Message, OpenSession,
-    PeerUnavailableError, ProtocolError, RemoteError, SessionReady, Step, StepOutput, decode_message, read_frame, remote_error,
-    write_frame,
+    PeerUnavailableError, ProtocolError, RemoteError, SessionReady, Step, StepOutput, decode_message, read_frame,
+    remote_error, write_frame,
 )
 from .routing import SpanRoute
 
@@ -38,9 +38,18 @@ class SpanStream:
         return cls(route, reader, writer, timeout_s)
 
     async def request(self, message: Message, *expected: type[Message], extra_wait_s: float = 0.0) -> Message:
-        timeout_s = self.timeout_s + extra_wait_s
+        await self.send(message)
+        return await self.receive(*expected, extra_wait_s=extra_wait_s)
+
+    async def send(self, message: Message) -> None:
         try:
             await write_frame(self.writer, message.to_wire())
+        except (ConnectionError, RuntimeError) as exc:
+            raise _unavailable(self.route, f"stream lost: {exc!r}") from exc
+
+    async def receive(self, *expected: type[Message], extra_wait_s: float = 0.0) -> Message:
+        timeout_s = self.timeout_s + extra_wait_s
+        try:
             frame = await asyncio.wait_for(read_frame(self.reader), timeout_s)
         except asyncio.TimeoutError as exc:
             raise _unavailable(self.route, f"no answer within {timeout_s:.0f} s", ErrorCode.TIMEOUT) from exc
@@ -76,8 +85,8 @@ def _misbehaved(route: SpanRoute, message: str) -> RemoteError:
 class SpanInferenceSession:
     """A server-side KV cache for one span, and the stream that feeds it."""
 
-    def __init__(self, stream: SpanStream):
-        self.stream = stream
+    def __init__(self, stream: SpanStream, session_id: str):
+        self.stream, self.session_id = stream, session_id
 
     @classmethod
     async def open(cls, p2p: P2P, route: SpanRoute, model_uid: str, batch: int, max_length: int,
@@ -85,16 +94,25 @@ class SpanInferenceSession:
         stream = await SpanStream.connect(p2p, route, INFERENCE_PROTOCOL, timeout_s)
         try:
             request = OpenSession(model_uid, route.start, route.end, batch, max_length, alloc_timeout_s)
-            await stream.request(request, SessionReady, extra_wait_s=alloc_timeout_s)
+            ready = await stream.request(request, SessionReady, extra_wait_s=alloc_timeout_s)
         except BaseException:
             await stream.close()
             raise
-        return cls(stream)
+        return cls(stream, ready.session_id)
 
-    async def step(self, position: int, hidden: torch.Tensor, padding_mask: torch.Tensor | None,
-                   hypo_ids: torch.Tensor | None) -> torch.Tensor:
-        reply = await self.stream.request(Step(position, hidden, padding_mask, hypo_ids), StepOutput)
-        return _checked_output(reply.hidden, hidden, self.stream.route)
+    async def step(self, step: Step) -> torch.Tensor:
+        await self.send(step)
+        return await self.receive(step.step_id, step.hidden)
+
+    async def send(self, step: Step) -> None:
+        await self.stream.send(step)
+
+    async def receive(self, step_id: int, like: torch.Tensor) -> torch.Tensor:
+        """The output of step `step_id` (answers to earlier, abandoned steps are skipped)."""
+        while True:
+            reply = await self.stream.receive(StepOutput)
+            if reply.step_id == step_id:
+                return _checked_output(reply.hidden, like, self.stream.route)
 
     async def close(self) -> None:
         await self.stream.close(CloseSession())

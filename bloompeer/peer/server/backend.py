@@ -6,12 +6,12 @@ and the session (shapes, ranges, positions), then hands it to the scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import torch
 
 from ...blocks import BlockSpan, SessionCache
-from ...p2p import ErrorCode, ForwardRequest, OpenSession, ProtocolError, Step
+from ...p2p import ErrorCode, ForwardRequest, Message, OpenSession, ProtocolError, Step
 from .config import ServerConfig
 from .scheduler import Scheduler
 from .sessions import Session, SessionRegistry
@@ -42,7 +42,8 @@ class SpanBackend:
         if value > limit:
             raise ProtocolError(f"{what} {value} exceeds this server's limit of {limit}", ErrorCode.TOO_LARGE)
 
-    async def open_session(self, peer_id_str: str, request: OpenSession, on_expire: Callable[[], None]) -> Session:
+    async def open_session(self, peer_id_str: str, request: OpenSession, on_expire: Callable[[], None],
+                           deliver: Callable[[Message], Awaitable[None]]) -> Session:
         self._check_serving(request.model, request.start, request.end)
         self._check_limit("batch", request.batch, self.config.max_batch)
         self._check_limit("max_length", request.max_length, self.config.max_length)
@@ -54,7 +55,7 @@ class SpanBackend:
                                 self.dtype, self.config.device)
 
         timeout_s = min(request.alloc_timeout_s, self.config.max_alloc_timeout_s)
-        return await self.registry.open(peer_id_str, nbytes, timeout_s, make_cache, on_expire)
+        return await self.registry.open(peer_id_str, nbytes, timeout_s, make_cache, on_expire, deliver)
 
     def _check_hidden(self, hidden: torch.Tensor, mask: torch.Tensor | None, batch: int | None = None) -> None:
         if hidden.ndim != 3 or hidden.shape[2] != self.hidden_size or hidden.shape[1] == 0:

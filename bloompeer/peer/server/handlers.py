@@ -1,9 +1,8 @@
 """Stream handlers: the server side of bloompeer's RPCs, one loop per stream.
 
 A known error becomes an error frame with its code; anything unexpected is logged with its
-traceback and answered as `internal`; the stream (and every other stream) keeps going.
-Only a frame whose body could not be read (too large) ends the stream, as the framing is
-then lost.
+traceback and answered as `internal`; the stream (and every other stream) keeps going. Only a
+frame whose body could not be read (too large) ends the stream, as the framing is then lost.
 """
 
 from __future__ import annotations
@@ -16,50 +15,56 @@ from typing import Any
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from ...p2p import (
-    CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Message, OpenSession, ProtocolError, ServerInfo,
+    CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Message, OpenSession, ProtocolError, PushStep, ServerInfo,
     SessionReady, Step, StepOutput, decode_message, read_frame, write_frame,
 )
 from .backend import SpanBackend
+from .push import PushSender
 from .sessions import Session
 
-__all__ = ["handle_inference_stream", "handle_forward_stream", "handle_info_stream"]
+__all__ = ["handle_inference_stream", "handle_forward_stream", "handle_info_stream", "handle_push_stream"]
 
 logger = logging.getLogger(__name__)
 
-FrameHandler = Callable[[dict[str, Any]], Awaitable[Message | None]]
+CLOSE = object()  # a frame handler's answer meaning "the client is done: end the stream"
+FrameHandler = Callable[[dict[str, Any]], Awaitable[Message | None | object]]
 
 
-async def _serve_frames(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handle: FrameHandler, max_frame_bytes: int, peer: str
-) -> None:
-    """Answer frames until end of stream or until `handle` returns None (the client closed)."""
+def _error_frame(exc: Exception, peer: str) -> ErrorFrame:
+    """What a failed request is answered with: its code, or `internal` (logged) for a bug."""
+    if isinstance(exc, ProtocolError):
+        logger.debug("Refused a request from %s: %s", peer, exc)
+        return ErrorFrame(exc.code, str(exc))
+    logger.error("Request from %s failed", peer, exc_info=exc)
+    return ErrorFrame(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+
+async def _serve_frames(reader: asyncio.StreamReader, send: Callable[[Message], Awaitable[None]],
+                        handle: FrameHandler, max_frame_bytes: int, peer: str) -> None:
+    """Answer frames until end of stream or until `handle` returns CLOSE (None: answered already)."""
     while True:
         try:
             frame = await read_frame(reader, max_frame_bytes)
         except asyncio.IncompleteReadError:
             return
         except ProtocolError as exc:
-            await write_frame(writer, ErrorFrame(exc.code, str(exc)).to_wire())
+            await send(ErrorFrame(exc.code, str(exc)))
             if exc.code is ErrorCode.TOO_LARGE:
                 return  # the unread body is still in the stream
             continue
         try:
             reply = await handle(frame)
-        except ProtocolError as exc:
-            logger.debug("Refused a request from %s: %s", peer, exc)
-            reply = ErrorFrame(exc.code, str(exc))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            logger.exception("Request from %s failed", peer)
-            reply = ErrorFrame(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-        if reply is None:
+            reply = _error_frame(exc, peer)
+        if reply is CLOSE:
             return
-        await write_frame(writer, reply.to_wire())
+        if reply is not None:
+            await send(reply)
 
 
-async def _run_stream(name: str, context: StreamInfo, writer: asyncio.StreamWriter, loop: Awaitable[None]) -> None:
-    peer = context.peer_id.to_base58()
+async def _run_stream(name: str, peer: str, writer: asyncio.StreamWriter, loop: Awaitable[None]) -> None:
     try:
         await loop
     except (ConnectionError, asyncio.IncompleteReadError) as exc:
@@ -68,52 +73,109 @@ async def _run_stream(name: str, context: StreamInfo, writer: asyncio.StreamWrit
         writer.close()
 
 
+async def run_step(backend: SpanBackend, pusher: PushSender, session: Session, step: Step) -> None:
+    """Compute a step of `session`, push the output on to the next hop (if the client asked), and
+    answer the session's client. Used for steps from the client and for steps pushed to us."""
+    try:
+        output = await backend.step(session, step)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        await session.deliver(_error_frame(exc, session.peer_id_str))
+        return
+    deliveries = [session.deliver(StepOutput(output, step.step_id))]
+    if step.push:
+        hop, rest = step.push[0], step.push[1:]
+        pushed = Step(step.position, output, step.padding_mask, step.hypo_ids, step.step_id, rest)
+        deliveries.append(pusher.push(hop, PushStep(hop.session_id, pushed)))
+    await asyncio.gather(*deliveries)
+
+
 class _InferenceStream:
-    """One client's inference session on this server: at most one open session per stream."""
+    """One client's inference stream: at most one session, answers written one frame at a time."""
 
-    def __init__(self, backend: SpanBackend, peer_id_str: str, writer: asyncio.StreamWriter):
-        self.backend, self.peer_id_str, self.writer = backend, peer_id_str, writer
+    def __init__(self, backend: SpanBackend, pusher: PushSender, peer_id_str: str, writer: asyncio.StreamWriter):
+        self.backend, self.pusher, self.peer_id_str, self.writer = backend, pusher, peer_id_str, writer
         self.session: Session | None = None
+        self._writing = asyncio.Lock()  # pushed steps answer on this stream too
 
-    async def handle(self, frame: dict[str, Any]) -> Message | None:
+    async def send(self, message: Message) -> None:
+        try:
+            async with self._writing:
+                await write_frame(self.writer, message.to_wire())
+        except (ConnectionError, RuntimeError) as exc:  # the client went away; the stream loop ends too
+            logger.debug("Could not answer %s: %r", self.peer_id_str, exc)
+
+    async def handle(self, frame: dict[str, Any]) -> Message | None | object:
         message = decode_message(frame, OpenSession, Step, CloseSession)
         if isinstance(message, OpenSession):
             if self.session is not None:
                 raise ProtocolError("a session is already open on this stream")
-            self.session = await self.backend.open_session(self.peer_id_str, message, self.writer.close)
-            return SessionReady()
+            self.session = await self.backend.open_session(self.peer_id_str, message, self.writer.close, self.send)
+            return SessionReady(self.session.token)
         if isinstance(message, Step):
             if self.session is None:
                 raise ProtocolError("step before open")
-            return StepOutput(await self.backend.step(self.session, message))
-        return None  # CloseSession: end the stream, which frees the cache
+            await run_step(self.backend, self.pusher, self.session, message)
+            return None
+        return CLOSE  # CloseSession: end the stream, which frees the cache
 
     async def close(self) -> None:
         if self.session is not None:
             await self.backend.registry.close(self.session)
 
 
-async def handle_inference_stream(backend: SpanBackend, context: StreamInfo, reader, writer) -> None:
+async def handle_inference_stream(backend: SpanBackend, pusher: PushSender, context: StreamInfo, reader,
+                                  writer) -> None:
     peer_id_str = context.peer_id.to_base58()
-    stream = _InferenceStream(backend, peer_id_str, writer)
+    stream = _InferenceStream(backend, pusher, peer_id_str, writer)
     try:
-        loop = _serve_frames(reader, writer, stream.handle, backend.config.max_frame_bytes, peer_id_str)
-        await _run_stream("inference", context, writer, loop)
+        loop = _serve_frames(reader, stream.send, stream.handle, backend.config.max_frame_bytes, peer_id_str)
+        await _run_stream("inference", peer_id_str, writer, loop)
     finally:
         await stream.close()
 
 
+async def handle_push_stream(backend: SpanBackend, pusher: PushSender, context: StreamInfo, reader, writer) -> None:
+    """Steps pushed by another server. Each runs as its own task, so steps of different sessions
+    arriving on one stream are batched together rather than run one after another."""
+    peer_id_str = context.peer_id.to_base58()
+    running: set[asyncio.Task] = set()
+
+    async def handle(frame: dict[str, Any]) -> None:
+        pushed = decode_message(frame, PushStep)
+        session = backend.registry.find(pushed.session_id)
+        if session is None:
+            logger.debug("%s pushed a step to an unknown session", peer_id_str)
+            return None
+        task = asyncio.create_task(run_step(backend, pusher, session, pushed.step))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        return None
+
+    async def send_nothing(message: Message) -> None:  # errors in pushed frames go to the log only
+        logger.debug("Bad push from %s: %s", peer_id_str, getattr(message, "message", message))
+
+    try:
+        loop = _serve_frames(reader, send_nothing, handle, backend.config.max_frame_bytes, peer_id_str)
+        await _run_stream("push", peer_id_str, writer, loop)
+    finally:
+        await asyncio.gather(*running, return_exceptions=True)
+
+
 async def handle_forward_stream(backend: SpanBackend, context: StreamInfo, reader, writer) -> None:
+    peer_id_str = context.peer_id.to_base58()
+
     async def handle(frame: dict[str, Any]) -> Message:
         request = decode_message(frame, ForwardRequest)
         return StepOutput(await backend.forward(request))
 
-    loop = _serve_frames(reader, writer, handle, backend.config.max_frame_bytes, context.peer_id.to_base58())
-    await _run_stream("forward", context, writer, loop)
+    async def send(message: Message) -> None:
+        await write_frame(writer, message.to_wire())
+
+    loop = _serve_frames(reader, send, handle, backend.config.max_frame_bytes, peer_id_str)
+    await _run_stream("forward", peer_id_str, writer, loop)
 
 
 async def handle_info_stream(info: Callable[[], ServerInfo], context: StreamInfo, reader, writer) -> None:
-    async def send_info() -> None:
-        await write_frame(writer, info().to_wire())
-
-    await _run_stream("info", context, writer, send_info())
+    await _run_stream("info", context.peer_id.to_base58(), writer, write_frame(writer, info().to_wire()))

@@ -19,14 +19,16 @@ import torch
 from ..._version import __version__
 from ...blocks import BlockSpan, Checkpoint, SessionCache, open_checkpoint
 from ...p2p import (
-    FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PeerNode, ServerInfo, ServerRecord, ServerState, get_dht_time,
+    FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, PeerNode, ServerInfo, ServerRecord, ServerState,
+    get_dht_time,
 )
 from .backend import SpanBackend
 from .block_choice import choose_blocks
 from .compute import ComputeWorker
 from .config import ServerConfig
-from .handlers import handle_forward_stream, handle_inference_stream, handle_info_stream
+from .handlers import handle_forward_stream, handle_inference_stream, handle_info_stream, handle_push_stream
 from .memory import CacheBudget, default_cache_bytes
+from .push import PushSender
 from .scheduler import Scheduler
 from .sessions import SessionRegistry
 from .throughput import cached_throughput, measure_throughput
@@ -48,6 +50,7 @@ class Server:
         self.state = ServerState.JOINING
         self.backend: SpanBackend | None = None
         self.budget: CacheBudget | None = None
+        self.pusher = PushSender(node.p2p)
         self._tasks: list[asyncio.Task] = []  # announcer, scheduler, idle-session reaper
         self._handlers: list[str] = []
 
@@ -88,7 +91,8 @@ class Server:
         logger.info("Throughput: %.1f tokens/s per block", self.throughput)
         self._start_serving(span)
         handlers = {
-            INFERENCE_PROTOCOL: functools.partial(handle_inference_stream, self.backend),
+            INFERENCE_PROTOCOL: functools.partial(handle_inference_stream, self.backend, self.pusher),
+            PUSH_PROTOCOL: functools.partial(handle_push_stream, self.backend, self.pusher),
             FORWARD_PROTOCOL: functools.partial(handle_forward_stream, self.backend),
             INFO_PROTOCOL: functools.partial(handle_info_stream, self.info),
         }
@@ -169,5 +173,6 @@ class Server:
             for name in self._handlers:
                 await self.node.p2p.remove_binary_stream_handler(name)
         finally:
+            self.pusher.close()
             await self.node.shutdown()
             self.compute.shutdown()

@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from ...blocks import SessionCache
-from ...p2p import ErrorCode, ProtocolError
+from ...p2p import ErrorCode, Message, ProtocolError
 from .memory import CacheBudget
 
 __all__ = ["Session", "SessionRegistry"]
@@ -30,6 +31,8 @@ class Session:
     cache: SessionCache
     nbytes: int
     on_expire: Callable[[], None]  # ends the session's stream
+    deliver: Callable[[Message], Awaitable[None]]  # answers the session's client, on its stream
+    token: str = field(default_factory=lambda: secrets.token_hex(16))  # lets the previous server push steps here
     last_active: float = field(default_factory=time.monotonic)
 
     def touch(self) -> None:
@@ -41,11 +44,13 @@ class SessionRegistry:
         self.budget, self.max_sessions_per_peer, self.session_timeout_s = (
             budget, max_sessions_per_peer, session_timeout_s)
         self.sessions: set[Session] = set()
+        self._by_token: dict[str, Session] = {}
         self._per_peer: Counter[str] = Counter()
         self._ids = itertools.count()
 
     async def open(self, peer_id_str: str, nbytes: int, alloc_timeout_s: float,
-                   make_cache: Callable[[], SessionCache], on_expire: Callable[[], None]) -> Session:
+                   make_cache: Callable[[], SessionCache], on_expire: Callable[[], None],
+                   deliver: Callable[[Message], Awaitable[None]]) -> Session:
         """Reserve the session's memory (waiting up to alloc_timeout_s), then allocate its cache."""
         if self._per_peer[peer_id_str] >= self.max_sessions_per_peer:
             raise ProtocolError(f"this peer already has {self.max_sessions_per_peer} open sessions here, "
@@ -62,9 +67,13 @@ class SessionRegistry:
             self._forget_peer(peer_id_str)
             await self.budget.release(nbytes)
             raise
-        session = Session(next(self._ids), peer_id_str, cache, nbytes, on_expire)
+        session = Session(next(self._ids), peer_id_str, cache, nbytes, on_expire, deliver)
         self.sessions.add(session)
+        self._by_token[session.token] = session
         return session
+
+    def find(self, token: str) -> Session | None:
+        return self._by_token.get(token)
 
     def _forget_peer(self, peer_id_str: str) -> None:
         self._per_peer[peer_id_str] -= 1
@@ -76,6 +85,7 @@ class SessionRegistry:
         if session not in self.sessions:
             return
         self.sessions.discard(session)
+        del self._by_token[session.token]
         self._forget_peer(session.peer_id_str)
         session.cache = None  # drop the tensors now, not when the stream object goes
         await self.budget.release(session.nbytes)
