@@ -7,6 +7,7 @@ and no extra process is left behind if this one dies.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from .errors import BloompeerError
 __all__ = ["NetworkConfig", "PeerNode", "NetworkError"]
 
 logger = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT_S = 3.0
 
 
 class NetworkError(BloompeerError):
@@ -70,14 +73,26 @@ class PeerNode:
     def peer_id_str(self) -> str:
         return self.p2p.peer_id.to_base58()
 
+    @property
+    def daemon_alive(self) -> bool:
+        """False once the p2pd process has exited (e.g. killed along with our process group)."""
+        child = getattr(self.p2p, "_child", None)  # hivemind keeps the daemon's process here
+        return child is not None and child.returncode is None
+
     async def visible_maddrs(self) -> list[str]:
         return [str(maddr) for maddr in await self.p2p.get_visible_maddrs()]
 
     async def shutdown(self) -> None:
+        """Stop the DHT node, then the daemon. Idempotent, and bounded in time: hivemind's DHT
+        shutdown talks to the daemon and would wait forever for one that already died (as it does
+        when a whole process group gets SIGTERM)."""
         if self._closed:
             return
         self._closed = True
         try:
-            await self.dht.shutdown()
+            if self.daemon_alive:
+                await asyncio.wait_for(self.dht.shutdown(), SHUTDOWN_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            logger.warning("The DHT node did not stop within %.0f s; stopping the daemon anyway", SHUTDOWN_TIMEOUT_S)
         finally:
             await self.p2p.shutdown()

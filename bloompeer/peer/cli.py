@@ -192,6 +192,22 @@ async def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _quiet_about_lost_daemon(command: Awaitable[int]) -> int:
+    """Run `command`; at exit, hivemind's tasks talking to a daemon that is already gone (killed with
+    our process group) fail with connection errors: expected then, so logged at debug level."""
+    loop = asyncio.get_running_loop()
+
+    def handle(loop, context) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, ConnectionError) or (isinstance(exc, RuntimeError) and "closed" in str(exc)):
+            logger.debug("Ignored at exit: %s", context.get("message"))
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handle)
+    return await command
+
+
 def _configure_logging(verbose: bool) -> None:
     from hivemind.utils.logging import use_hivemind_log_handler
 
@@ -236,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..p2p import BloompeerError
 
     try:
-        return uvloop.run(commands[args.command](args))
+        return uvloop.run(_quiet_about_lost_daemon(commands[args.command](args)))
     except (BloompeerError, ValueError, OSError) as exc:
         logger.error("%s", exc)
         return 1

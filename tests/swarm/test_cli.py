@@ -7,6 +7,7 @@ import subprocess
 import sys
 import uuid
 
+import pytest
 import torch
 from transformers import AutoTokenizer
 
@@ -70,10 +71,16 @@ def test_serve_refuses_blocks_beyond_the_model(swarm, tiny_checkpoint):
     assert result.returncode == 1 and "not a range within" in result.stderr
 
 
-def test_server_stops_on_sigterm_and_leaves_nothing_running(swarm):
+@pytest.mark.parametrize("whole_group", [False, True], ids=["process", "process-group"])
+def test_server_stops_on_sigterm_and_leaves_nothing_running(swarm, whole_group):
+    """SIGTERM to the server (docker stop), or to its whole process group with its daemon (systemd)."""
     marker = uuid.uuid4().hex
-    server = swarm.add_server(0, 1, name="sigterm-test", env={MARKER_ENV: marker})
+    server = swarm.add_server(0, 1, name=f"sigterm-{whole_group}", env={MARKER_ENV: marker})
     assert len(processes_with_env(MARKER_ENV, marker)) >= 2  # the server and its p2pd
-    server.signal(signal.SIGTERM)
+    if whole_group:
+        os.killpg(server.pid, signal.SIGTERM)
+    else:
+        server.signal(signal.SIGTERM)
     assert server.process.wait(timeout=30) == 0
     assert processes_with_env(MARKER_ENV, marker) == []
+    assert "Traceback" not in server.log_path.read_text()

@@ -148,7 +148,7 @@ class Server:
     async def drain(self, timeout_s: float) -> None:
         """Take no new sessions, tell the open ones to move (their next step is refused), and wait
         up to `timeout_s` for them to go."""
-        if self.state is not ServerState.ONLINE:
+        if self.state is not ServerState.ONLINE or not self.node.daemon_alive:
             return
         self.state = ServerState.DRAINING
         await self.announce()
@@ -168,10 +168,10 @@ class Server:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
-            if was_announced:
+            if was_announced and self.node.daemon_alive:
                 await self.announce()
-            for name in self._handlers:
-                await self.node.p2p.remove_binary_stream_handler(name)
+                for name in self._handlers:
+                    await self.node.p2p.remove_binary_stream_handler(name)
         finally:
             self.pusher.close()
             await self.node.shutdown()
