@@ -1,8 +1,10 @@
 """The swarm's directory: announcing and finding block servers on hivemind's Kademlia DHT.
 
 Every call has a timeout: hivemind's lookups can wait forever on a value they cannot decode.
-Records live under a subkey holding the owner's RSA public key; hivemind's signature
-validator (installed on every peer) then refuses writes not signed by that key.
+Records live under a subkey holding the owner's RSA public key. Two validators run on every
+peer (they check records stored with them and records they read): hivemind's signature
+validator refuses writes not signed by that key, and BlockRecordValidator refuses anything that
+is not a well-formed ServerRecord of the peer that key names.
 """
 
 from __future__ import annotations
@@ -13,21 +15,49 @@ from collections.abc import Iterable
 
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.node import DHTNode
+from hivemind.dht.validation import CompositeValidator, DHTRecord, RecordValidatorBase
 from hivemind.utils import get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
 from .errors import ProtocolError
+from .framing import unpack
+from .identity import peer_id_of
 from .records import ServerRecord, block_key
 
-__all__ = ["BlockDirectory", "get_dht_time"]
+__all__ = ["BlockDirectory", "BlockRecordValidator", "make_record_validator", "get_dht_time"]
 
 logger = logging.getLogger(__name__)
+
+
+class BlockRecordValidator(RecordValidatorBase):
+    """Accepts only server records, each under the subkey of the key that names its peer."""
+
+    def validate(self, record: DHTRecord) -> bool:
+        owners = RSASignatureValidator._PUBLIC_KEY_RE.findall(record.subkey or b"")
+        if len(owners) != 1:
+            return False
+        try:
+            server = ServerRecord.from_wire(unpack(record.value))
+            return server.peer_id == peer_id_of(RSAPublicKey.from_bytes(owners[0]))
+        except (ProtocolError, ValueError):
+            return False
+
+    @property
+    def priority(self) -> int:
+        return 0  # runs on the value after the signature validator has checked and stripped it
+
+
+def make_record_validator(signing_key: RSAPrivateKey | None) -> tuple[CompositeValidator, bytes]:
+    """The validator every peer installs, and the subkey under which this peer's records go."""
+    signature = RSASignatureValidator(signing_key)
+    return CompositeValidator([signature, BlockRecordValidator()]), signature.local_public_key
 
 
 class BlockDirectory:
     """Block records of one or more models on a DHT node that this process runs."""
 
-    def __init__(self, node: DHTNode, validator: RSASignatureValidator, timeout_s: float = 10.0):
-        self.node, self.validator, self.timeout_s = node, validator, timeout_s
+    def __init__(self, node: DHTNode, subkey: bytes, timeout_s: float = 10.0):
+        self.node, self.subkey, self.timeout_s = node, subkey, timeout_s
 
     async def announce(
         self, model_uid: str, blocks: Iterable[int], record: ServerRecord, expiration_time: float
@@ -38,7 +68,7 @@ class BlockDirectory:
         try:
             results = await asyncio.wait_for(
                 self.node.store_many(
-                    keys, [value] * len(keys), expiration_time, subkeys=[self.validator.local_public_key] * len(keys)
+                    keys, [value] * len(keys), expiration_time, subkeys=[self.subkey] * len(keys)
                 ),
                 self.timeout_s,
             )

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import tempfile
 from dataclasses import dataclass
 
-from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P, P2PDaemonError
 
-from .dht import BlockDirectory
+from .dht import BlockDirectory, make_record_validator
 from .errors import BloompeerError
+from .identity import IdentityError, load_rsa_identity
 
 __all__ = ["NetworkConfig", "PeerNode", "NetworkError"]
 
@@ -45,11 +47,17 @@ class PeerNode:
         self._closed = False
 
     @classmethod
-    async def create(cls, config: NetworkConfig) -> PeerNode:
+    async def create(cls, config: NetworkConfig, announcing: bool = False) -> PeerNode:
+        """Start the daemon and join the DHT. A peer that announces records (a server) gets an RSA
+        identity, from config.identity_path or a new one for this run, and signs with it."""
+        identity_path, temporary = config.identity_path, None
+        if announcing and identity_path is None:
+            temporary = tempfile.TemporaryDirectory(prefix="bloompeer-identity-")
+            identity_path = os.path.join(temporary.name, "identity.key")  # created by P2P.create
         try:
             p2p = await P2P.create(
                 initial_peers=list(config.initial_peers), host_maddrs=list(config.host_maddrs),
-                announce_maddrs=list(config.announce_maddrs) or None, identity_path=config.identity_path,
+                announce_maddrs=list(config.announce_maddrs) or None, identity_path=identity_path,
                 dht_mode="client" if config.client_mode else "server",
             )
         except P2PDaemonError as exc:
@@ -57,17 +65,23 @@ class PeerNode:
         except ValueError as exc:
             raise NetworkError(f"bad network settings: {exc}") from exc
         try:
-            validator = RSASignatureValidator()
+            signing_key = load_rsa_identity(identity_path) if announcing else None
+            validator, subkey = make_record_validator(signing_key)
             dht = await DHTNode.create(
                 p2p=p2p, initial_peers=list(config.initial_peers), client_mode=config.client_mode,
                 record_validator=validator, ensure_bootstrap_success=bool(config.initial_peers),
             )
         except BaseException as exc:
             await p2p.shutdown()
+            if isinstance(exc, IdentityError):
+                raise
             if isinstance(exc, Exception):
                 raise NetworkError(f"could not join the DHT through {list(config.initial_peers)}: {exc}") from exc
             raise
-        return cls(p2p, dht, BlockDirectory(dht, validator, config.dht_timeout_s))
+        finally:
+            if temporary is not None:
+                temporary.cleanup()
+        return cls(p2p, dht, BlockDirectory(dht, subkey, config.dht_timeout_s))
 
     @property
     def peer_id_str(self) -> str:

@@ -65,7 +65,7 @@ class Server:
         if config.start is None and not 0 < config.num_blocks <= num_blocks:
             raise ValueError(f"--num-blocks {config.num_blocks} is not between 1 and {checkpoint.model_uid}'s "
                              f"{num_blocks} blocks")
-        node = await PeerNode.create(config.network)
+        node = await PeerNode.create(config.network, announcing=True)
         server = cls(config, checkpoint, node, ComputeWorker(config.device))
         try:
             await server._start(num_blocks)

@@ -1,0 +1,79 @@
+"""A hostile peer on the DHT: it cannot erase, overwrite or forge a server's record, nor get a
+malformed record accepted, nor hang an honest lookup."""
+
+import asyncio
+
+import pytest
+import pytest_asyncio
+from hivemind.dht.node import DHTNode
+from hivemind.p2p import P2P
+
+from bloompeer.p2p import NetworkConfig, PeerNode, ServerState, block_key, get_dht_time
+
+TTL_S = 60
+
+
+@pytest_asyncio.fixture
+async def honest(swarm):
+    node = await PeerNode.create(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True))
+    yield node
+    await node.shutdown()
+
+
+@pytest_asyncio.fixture
+async def attacker(swarm):
+    """A peer with the validators (so its own writes are signed with its own key)."""
+    node = await PeerNode.create(NetworkConfig(initial_peers=tuple(swarm.initial_peers)), announcing=True)
+    yield node
+    await node.shutdown()
+
+
+def _victim(swarm):
+    server = swarm.servers[0]  # blocks 0:2
+    return server, server.online_line.split()[2]  # its peer process, the model uid
+
+
+async def _records_of(node, model_uid, peer_id_str):
+    servers = await node.directory.find_servers(model_uid, 4)
+    return [r for r in servers.get(0, []) if r.peer_id == peer_id_str]
+
+
+async def test_a_record_cannot_be_overwritten_or_forged(swarm, honest, attacker):
+    server, model_uid = _victim(swarm)
+    genuine = await _records_of(honest, model_uid, server.peer_id_str)
+    assert [r.state for r in genuine] == [ServerState.ONLINE]
+    dht = attacker.dht
+    forged = {**genuine[0].to_wire(), "state": ServerState.OFFLINE.value}
+    victim_subkey = await _subkey_of(honest, model_uid, server.peer_id_str)
+    expiration = get_dht_time() + TTL_S
+    # 1. write under the victim's subkey: hivemind's signature validator refuses it
+    assert not await dht.store(block_key(model_uid, 0), forged, expiration, subkey=victim_subkey)
+    # 2. announce the victim's peer id as offline under the attacker's own subkey
+    assert not await dht.store(block_key(model_uid, 0), forged, expiration, subkey=attacker.directory.subkey)
+    # 3. a malformed record under the attacker's own subkey
+    assert not await dht.store(block_key(model_uid, 0), {"state": "online", "start": 0}, expiration,
+                               subkey=attacker.directory.subkey)
+    assert await _records_of(honest, model_uid, server.peer_id_str) == genuine
+
+
+async def _subkey_of(node, model_uid, peer_id_str):
+    found = await node.dht.get(block_key(model_uid, 0), latest=True)
+    return next(subkey for subkey, item in found.value.items() if item.value["peer_id"] == peer_id_str)
+
+
+async def test_junk_from_a_node_without_validators_neither_hangs_nor_pollutes_lookups(swarm, honest):
+    """A rogue DHT node (no validators) keeps junk under the swarm's keys, including a value that
+    hivemind cannot decode (int map keys); honest lookups still answer, with only valid records."""
+    server, model_uid = _victim(swarm)
+    p2p = await P2P.create(initial_peers=list(swarm.initial_peers))
+    rogue = await DHTNode.create(p2p=p2p, initial_peers=list(swarm.initial_peers))
+    try:
+        expiration = get_dht_time() + TTL_S
+        for index, junk in enumerate([{3: "int keys"}, "not a record", {"peer_id": server.peer_id_str}]):
+            await rogue.store(block_key(model_uid, index), junk, expiration, subkey=b"junk%d" % index)
+        servers = await asyncio.wait_for(honest.directory.find_servers(model_uid, 4), 30)
+        assert {r.peer_id for r in servers[0]} >= {server.peer_id_str}
+        assert all(r.state is ServerState.ONLINE for records in servers.values() for r in records)
+    finally:
+        await rogue.shutdown()
+        await p2p.shutdown()
