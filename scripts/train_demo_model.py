@@ -384,6 +384,7 @@ def main(argv=None) -> None:
 
     model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
     model.to(save_dtype).save_pretrained(output)
+    (output / "model.safetensors").chmod(0o644)  # package data: readable by everyone
     model.to(torch.float32)
     # Loading with dtype="auto" gives float32 (this is a CPU demo model); the file holds save_dtype.
     config_path = output / "config.json"
@@ -460,8 +461,10 @@ with:
 ## Tokenizer
 
 Byte-level BPE (`tokenizers`), {vocab} tokens including the four special tokens, trained on the
-training split only; saved as a `PreTrainedTokenizerFast`. It adds no special tokens when
-encoding. Paragraphs are separated by a single newline.
+training split only; saved with `PreTrainedTokenizerFast.save_pretrained` (`tokenizer.json`,
+`tokenizer_config.json`; transformers 5 keeps the special tokens in `tokenizer_config.json` and
+writes no `special_tokens_map.json`). It adds no special tokens when encoding. Paragraphs are
+separated by a single newline.
 
 ## Training data
 
@@ -484,7 +487,10 @@ AdamW (betas 0.9/0.95, weight decay {args.weight_decay}), peak LR {args.lr}, {ar
 cosine decay to {args.min_lr_ratio:g} x peak, gradient clipping {args.grad_clip}, {args.steps} steps of
 {args.batch_size} x {args.context} tokens ({args.steps * args.batch_size * args.context / n_train_tokens:.1f} epochs),
 seed {args.seed}, float32 on CPU with {args.threads} threads.
-Training loop: {train_time / 60:.1f} min; whole script: {wall / 60:.1f} min.
+Training loop: {train_time / 60:.1f} min ({args.steps * args.batch_size * args.context / train_time:,.0f} tokens/s on average);
+whole script: {wall / 60:.1f} min. Times depend on the machine and on what else runs on it.
+Rerunning the command with the same corpus, library versions and `--threads` gives the same files
+(README timings aside).
 
 ## Evaluation
 

@@ -318,7 +318,7 @@ def decode_message(message: dict[str, Any], *expected: type[Message]) -> Message
     """Decode a frame into one of the `expected` message types, refusing any other type."""
     by_type = {cls.TYPE: cls for cls in expected}
     type_name = message.get("type")
-    if type_name not in by_type:
+    if not isinstance(type_name, str) or type_name not in by_type:
         allowed = sorted(cls.TYPE for cls in expected)
         raise ProtocolError(f"expected a frame of type {allowed}, got {str(type_name)[:40]!r}")
     return by_type[type_name].from_wire(message)

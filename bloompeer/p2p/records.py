@@ -51,7 +51,7 @@ class ServerRecord:
             raise ProtocolError("a server record is a map with exactly the fields of ServerRecord")
         checks = {
             "peer_id": lambda v: isinstance(v, str) and 0 < len(v) <= 128,
-            "state": lambda v: v in _STATES,
+            "state": lambda v: isinstance(v, str) and v in _STATES,
             "start": lambda v: type(v) is int and v >= 0,
             "end": lambda v: type(v) is int and v > value["start"],  # start is checked first
             "throughput": lambda v: type(v) in (int, float) and math.isfinite(v) and v >= 0,

@@ -42,7 +42,7 @@ def tensor_from_wire(obj: Any, name: str, allowed_dtypes: frozenset[str]) -> tor
     if not isinstance(obj, dict) or set(obj) != _TENSOR_KEYS:
         raise ProtocolError(f"{name}: a tensor is a map with exactly the keys {sorted(_TENSOR_KEYS)}")
     dtype_str, shape, codec, data = obj["dtype"], obj["shape"], obj["codec"], obj["data"]
-    if dtype_str not in allowed_dtypes:
+    if not isinstance(dtype_str, str) or dtype_str not in allowed_dtypes:
         raise ProtocolError(f"{name}: dtype {dtype_str!r} is not one of {sorted(allowed_dtypes)}")
     if codec != "raw":
         raise ProtocolError(f"{name}: codec {codec!r} is not supported", ErrorCode.UNSUPPORTED)

@@ -34,6 +34,12 @@ def add_generate_parser(commands, add_network_flags) -> None:
     sampling.add_argument("--seed", type=int, default=None, help="random seed, for reproducible sampling")
     generate.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                           help="how long to wait for servers of missing blocks before giving up (60)")
+    trust = generate.add_argument_group("trust")
+    trust.add_argument("--verify-fraction", type=float, default=0.0, metavar="F",
+                       help="recompute this fraction of each span's steps on another server (or locally, with a "
+                            "local checkpoint) and ban servers whose outputs disagree (0: off; 1: every step)")
+    trust.add_argument("--trusted-servers", nargs="+", default=(), metavar="PEER_ID",
+                       help="use only these servers (peer ids, as `bloompeer status` and the servers print them)")
     add_network_flags(generate, "/ip4/127.0.0.1/tcp/0")
 
 
@@ -98,7 +104,10 @@ def _generate(args: argparse.Namespace, model_path: str, initial_peers: tuple[st
     network = NetworkConfig(initial_peers=initial_peers, host_maddrs=tuple(args.host_maddrs),
                             announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity_path,
                             client_mode=True)
-    config = ClientConfig(network=network, missing_blocks_timeout_s=args.timeout)
+    if not 0.0 <= args.verify_fraction <= 1.0:
+        raise ValueError("--verify-fraction must be between 0 and 1")
+    config = ClientConfig(network=network, missing_blocks_timeout_s=args.timeout,
+                          verify_fraction=args.verify_fraction, trusted_servers=tuple(args.trusted_servers))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     inputs = tokenizer(args.prompt, return_tensors="pt")
     with DistributedBloomForCausalLM.from_pretrained(model_path, client_config=config) as model:

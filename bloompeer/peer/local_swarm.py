@@ -41,12 +41,13 @@ def split_blocks(num_blocks: int, num_servers: int) -> list[tuple[int, int]]:
 class PeerProcess:
     """One `bloompeer` child process, its stdout lines and its stderr log file."""
 
-    def __init__(self, name: str, args: Sequence[str], log_dir: Path, env: dict[str, str] | None = None):
+    def __init__(self, name: str, args: Sequence[str], log_dir: Path, env: dict[str, str] | None = None,
+                 program: Sequence[str] = (sys.executable, "-m", "bloompeer")):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bloompeer", *args], stdout=subprocess.PIPE, stderr=self._log, text=True,
+            [*program, *args], stdout=subprocess.PIPE, stderr=self._log, text=True,
             env={**os.environ, EXIT_WITH_PARENT_ENV: str(os.getpid()), **(env or {})}, start_new_session=True,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -151,7 +152,7 @@ class LocalSwarm:
 
     def add_server(self, start: int | None, end: int | None, extra_args: Sequence[str] = (), wait: bool = True,
                    name: str | None = None, env: dict[str, str] | None = None,
-                   model: str | Path | None = None) -> PeerProcess:
+                   model: str | Path | None = None, program: Sequence[str] | None = None) -> PeerProcess:
         """Start one more server (of another model if `model` is given) and, by default, wait for it.
 
         With start and end None, pass the choice of blocks in `extra_args` (--num-blocks K).
@@ -159,7 +160,8 @@ class LocalSwarm:
         blocks = [] if start is None else ["--blocks", f"{start}:{end}"]
         args = ["serve", "--model", str(model or self.model), *blocks, "--host-maddrs", LOOPBACK,
                 "--initial-peers", *self.initial_peers, *self.server_args, *extra_args]
-        server = PeerProcess(name or f"server{len(self.servers)}-{start}-{end}", args, self.log_dir, env)
+        server = PeerProcess(name or f"server{len(self.servers)}-{start}-{end}", args, self.log_dir, env,
+                             *([program] if program else []))
         self.servers.append(server)
         if wait:
             server.wait_online(time.monotonic() + self.start_timeout_s)

@@ -4,11 +4,14 @@ processes on 127.0.0.1, over the tiny checkpoint; and a client model joined to i
 from __future__ import annotations
 
 import os
+import shutil
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from bloompeer import DistributedBloomForCausalLM
+from bloompeer import ClientConfig, DistributedBloomForCausalLM, NetworkConfig
 from bloompeer.peer.local_swarm import LocalSwarm
 
 MARKER_ENV = "BLOOMPEER_TEST_MARKER"
@@ -41,3 +44,39 @@ def processes_with_env(name: str, value: str) -> list[int]:
         except OSError:
             continue
     return pids
+
+
+@pytest.fixture
+def fresh_model(tiny_checkpoint, tmp_path):
+    """A copy of the tiny checkpoint under a name of its own, so its servers serve no other test."""
+    path = tmp_path / f"model-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(tiny_checkpoint, path)
+    return path
+
+
+@pytest.fixture
+def start_servers(swarm, fresh_model):
+    """start_servers([(0, 4), (0, 2)], *extra_args, program=None) -> PeerProcesses of `fresh_model`,
+    started in parallel on the shared bootstrap peer; all stopped after the test."""
+    started = []
+
+    def start(spans, *extra_args, program=None, model=None):
+        servers = [swarm.add_server(a, b, model=model or fresh_model, wait=False, extra_args=extra_args,
+                                    name=f"{fresh_model.name}-{len(started) + i}", program=program)
+                   for i, (a, b) in enumerate(spans)]
+        started.extend(servers)
+        deadline = time.monotonic() + 120
+        for server in servers:
+            server.wait_online(deadline)
+        return servers
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def swarm_client(swarm, model_path, **config) -> DistributedBloomForCausalLM:
+    """A client of `model_path` on the shared swarm, with short timeouts so faults show quickly."""
+    network = NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True)
+    settings = dict(request_timeout_s=3.0, swarm_refresh_period_s=1.0, poll_period_s=0.5) | config
+    return DistributedBloomForCausalLM.from_pretrained(model_path, client_config=ClientConfig(network, **settings))

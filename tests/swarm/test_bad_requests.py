@@ -9,8 +9,8 @@ import torch
 from hivemind.p2p import PeerID
 
 from bloompeer.p2p import (
-    INFERENCE_PROTOCOL, ErrorCode, NetworkConfig, OpenSession, PeerNode, Step, pack, read_frame, tensor_to_wire,
-    write_frame,
+    INFERENCE_PROTOCOL, CloseSession, ErrorCode, NetworkConfig, OpenSession, PeerNode, ProtocolError, Step,
+    decode_message, pack, read_frame, tensor_to_wire, unpack, write_frame,
 )
 
 HIDDEN = 64  # the tiny checkpoint's hidden size
@@ -107,3 +107,34 @@ def test_the_server_still_serves_after_all_that(model, reference_model):
     ids = torch.tensor([[5, 6, 7]])
     assert model.generate(ids, max_new_tokens=4, do_sample=False).tolist() == \
         reference_model.generate(ids, max_new_tokens=4, do_sample=False).tolist()
+
+
+async def test_a_stream_of_fuzzed_frames_gets_answers_not_crashes(stream, swarm):
+    """Mutations of valid frames, one after another on one stream: every one is answered, with an
+    error frame or (when the mutation happens to be valid) a normal reply."""
+    import random
+
+    from tests.unit.test_fuzz_decoding import _mutate_bytes, _mutate_structure
+
+    rng = random.Random(4)
+    seeds = [_open(swarm), _step()]
+    reader, writer = stream
+    for _ in range(150):
+        seed = rng.choice(seeds)
+        if rng.random() < 0.5:
+            payload = pack(_mutate_structure(seed, rng))
+        else:
+            payload = _mutate_bytes(pack(seed), rng)
+        if _is_a_valid_close(payload):
+            continue  # the server would rightly end the stream
+        writer.write(len(payload).to_bytes(8, "big") + payload)
+        await writer.drain()
+        reply = await asyncio.wait_for(read_frame(reader), 30)
+        assert reply["type"] in {"error", "ready", "output"}, reply
+
+
+def _is_a_valid_close(payload: bytes) -> bool:
+    try:
+        return isinstance(decode_message(unpack(payload), CloseSession), CloseSession)
+    except ProtocolError:
+        return False

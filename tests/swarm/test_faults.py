@@ -6,17 +6,17 @@ bootstrap peer, so killing them never disturbs other tests.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import threading
 import time
-import uuid
 
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from bloompeer import ClientConfig, DistributedBloomForCausalLM, MissingBlocksError, NetworkConfig
+from bloompeer import MissingBlocksError
+
+from .conftest import swarm_client as _client
 
 PROMPT = torch.tensor([[1, 30, 31, 32, 33]])
 NEW_TOKENS = 36
@@ -33,39 +33,6 @@ class _AtToken(LogitsProcessor):
         if self.count == self.at:
             self.action()
         return scores
-
-
-@pytest.fixture
-def fresh_model(tiny_checkpoint, tmp_path):
-    """A copy of the tiny checkpoint under a name of its own."""
-    path = tmp_path / f"fault-{uuid.uuid4().hex[:8]}"
-    shutil.copytree(tiny_checkpoint, path)
-    return path
-
-
-@pytest.fixture
-def start_servers(swarm, fresh_model):
-    """start_servers([(0, 4), (0, 2)], *extra_args) -> PeerProcesses, started in parallel; all stopped after."""
-    started = []
-
-    def start(spans, *extra_args):
-        servers = [swarm.add_server(a, b, model=fresh_model, wait=False, name=f"{fresh_model.name}-{a}-{b}-{i}",
-                                    extra_args=extra_args) for i, (a, b) in enumerate(spans)]
-        started.extend(servers)
-        deadline = time.monotonic() + 120
-        for server in servers:
-            server.wait_online(deadline)
-        return servers
-
-    yield start
-    for server in started:
-        server.stop()
-
-
-def _client(swarm, model_path, **timeouts) -> DistributedBloomForCausalLM:
-    config = ClientConfig(network=NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True),
-                          request_timeout_s=3.0, swarm_refresh_period_s=1.0, poll_period_s=0.5, **timeouts)
-    return DistributedBloomForCausalLM.from_pretrained(model_path, client_config=config)
 
 
 def _server_of_first_span(model, servers):

@@ -19,3 +19,5 @@ class ClientConfig:
     poll_period_s: float = 1.0  # how often the DHT is read again while waiting for missing blocks
     swarm_refresh_period_s: float = 10.0  # how often the view of the swarm is read from the DHT in the background
     push: bool = True  # servers pass each step's output straight to the next server (see benchmarks/inference.py)
+    verify_fraction: float = 0.0  # share of each span's steps recomputed elsewhere to catch a lying server
+    trusted_servers: tuple[str, ...] = ()  # if set, only these peer ids (base58) are ever used

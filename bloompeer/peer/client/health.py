@@ -26,10 +26,12 @@ class BanList:
         self._until: dict[str, float] = {}
         self._next_ban_s: dict[str, float] = {}
 
-    def ban(self, peer_id_str: str, reason: str) -> None:
-        duration_s = self._next_ban_s.get(peer_id_str, self.first_ban_s)
-        self._until[peer_id_str] = time.monotonic() + duration_s
-        self._next_ban_s[peer_id_str] = min(2 * duration_s, self.max_ban_s)
+    def ban(self, peer_id_str: str, reason: str, duration_s: float | None = None) -> None:
+        """Avoid the peer for `duration_s`, or by default for twice as long as the last time."""
+        if duration_s is None:
+            duration_s = self._next_ban_s.get(peer_id_str, self.first_ban_s)
+            self._next_ban_s[peer_id_str] = min(2 * duration_s, self.max_ban_s)
+        self._until[peer_id_str] = max(self._until.get(peer_id_str, 0.0), time.monotonic() + duration_s)
         logger.warning("Not using server %s for %.0f s: %s", peer_id_str, duration_s, reason)
 
     def banned(self) -> set[str]:

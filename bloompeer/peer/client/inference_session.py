@@ -27,6 +27,7 @@ from .errors import MissingBlocksError
 from .routing import SpanRoute
 from .span_session import SpanInferenceSession
 from .swarm import SwarmView
+from .verification import OutputVerifier
 
 __all__ = ["InferenceSession"]
 
@@ -68,8 +69,10 @@ class _Span:
 
 
 class InferenceSession:
-    def __init__(self, p2p: P2P, swarm: SwarmView, config: ClientConfig, max_length: int):
+    def __init__(self, p2p: P2P, swarm: SwarmView, config: ClientConfig, max_length: int,
+                 verifier: OutputVerifier | None = None):
         self.p2p, self.swarm, self.config, self.max_length = p2p, swarm, config, max_length
+        self.verifier = verifier
         self.position = 0
         self.batch: int | None = None
         self._spans: list[_Span] = []
@@ -99,46 +102,60 @@ class InferenceSession:
         elif hidden.shape[0] != self.batch:
             raise ValueError(f"the session was opened for batch {self.batch}, got {hidden.shape[0]} rows")
         step = _StepInput(self.position, hidden, padding_mask, hypo_ids)
+        pushed = await self._push_along(step) if self.config.push and len(self._spans) > 1 else []
         index = 0
-        if self.config.push and len(self._spans) > 1:
-            index, step = await self._push_along(step)
         while index < len(self._spans):
             span = self._spans[index]
             try:
-                output = await span.session.step(step.message(next(self._step_ids)))
+                if index < len(pushed):  # answered (or failed) during the push
+                    output = pushed[index]
+                    if isinstance(output, BaseException):
+                        raise output
+                else:
+                    output = await span.session.step(step.message(next(self._step_ids)))
             except RemoteError as exc:
-                self._spans[index:index + 1] = await self._replace(span, exc)
-                continue  # the same step, on the new spans
+                self._spans[index:index + 1], pushed = await self._replace(span, exc), []
+                continue  # the same step, on the new spans, one by one
+            if self.verifier is not None and self.verifier.sampled() and await self._found_lying(span, step, output):
+                self._spans[index:index + 1], pushed = await self._build_after_lie(span), []
+                continue  # downstream answers came from the lie: redo them too
             span.inputs.append(step)
             step = step.with_hidden(output)
             index += 1
         self.position += num_new
         return step.hidden
 
-    async def _push_along(self, step: _StepInput) -> tuple[int, _StepInput]:
-        """Send the step to the first span, to be pushed through the rest; collect every span's answer.
-
-        Returns how many spans answered, in chain order, and the input for the next one. The first
-        span that did not answer is replaced, so the caller goes on from there span by span.
-        """
+    async def _push_along(self, step: _StepInput) -> list:
+        """Send the step to the first span, to be pushed through the rest: every span's answer (an
+        output or a RemoteError), in chain order."""
         step_id = next(self._step_ids)
         hops = tuple(PushTarget(span.route.peer_id_str, span.session.session_id) for span in self._spans[1:])
-        answers: list = []
         try:
             await self._spans[0].session.send(step.message(step_id, hops))
-            answers = await asyncio.gather(*(span.session.receive(step_id, step.hidden) for span in self._spans),
-                                           return_exceptions=True)
         except RemoteError as exc:
-            answers = [exc]
-        for index, (span, answer) in enumerate(zip(self._spans, answers)):
-            if isinstance(answer, RemoteError):
-                self._spans[index:index + 1] = await self._replace(span, answer)
-                return index, step
-            if isinstance(answer, BaseException):
+            return [exc]
+        answers = await asyncio.gather(*(span.session.receive(step_id, step.hidden) for span in self._spans),
+                                       return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, RemoteError):
                 raise answer
-            span.inputs.append(step)
-            step = step.with_hidden(answer)
-        return len(self._spans), step
+        return answers
+
+    async def _found_lying(self, span: _Span, step: _StepInput, output: torch.Tensor) -> bool:
+        """Recompute the span's output elsewhere; True if its server turned out to be wrong."""
+        history = span.inputs + [step]
+        if any(item.hypo_ids is not None for item in history):
+            return False  # beam reordering is not replayable as one forward
+        inputs = torch.cat([item.hidden for item in history], dim=1)
+        masks = [item.padding_mask if item.padding_mask is not None else
+                 torch.ones(item.hidden.shape[:2], dtype=torch.bool) for item in history]
+        mask = torch.cat(masks, dim=1) if any(item.padding_mask is not None for item in history) else None
+        liars = await self.verifier.find_liars(span.route, inputs, mask, output)
+        return span.route.peer_id_str in liars
+
+    async def _build_after_lie(self, liar: _Span) -> list[_Span]:
+        await liar.session.close()
+        return await self._build(liar.route.start, liar.route.end, liar.inputs, self.config.recovery_timeout_s)
 
     async def _replace(self, failed: _Span, error: RemoteError) -> list[_Span]:
         self.swarm.bans.ban(failed.route.peer_id_str, str(error))

@@ -8,6 +8,7 @@ local model: the cache it is given is a RemoteCache over a server-side inference
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import torch
@@ -88,18 +89,24 @@ class DistributedBloomForCausalLM(BloomPreTrainedModel, GenerationMixin):
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, initial_peers: tuple[str, ...] | list[str] = (),
                         dtype: torch.dtype = torch.float32, client_config: ClientConfig | None = None,
+                        verify_fraction: float | None = None, trusted_servers: tuple[str, ...] | None = None,
                         revision: str | None = None, cache_dir: str | None = None) -> DistributedBloomForCausalLM:
         """Load the embeddings and layernorms of a checkpoint (directory or hub name) and join the swarm.
 
         Only the shards holding those tensors are read (or downloaded); the blocks stay remote.
-        `initial_peers` are multiaddrs of peers in the swarm; `client_config` overrides every
-        other network and timeout setting.
+        `initial_peers` are multiaddrs of peers in the swarm; `client_config` holds every network
+        and timeout setting (initial_peers is then ignored). `verify_fraction`: the share of steps
+        recomputed elsewhere to catch a lying server; `trusted_servers`: peer ids to use exclusively.
         """
         checkpoint = open_checkpoint(name_or_path, revision, cache_dir)
         config = checkpoint.config()
         tensors = checkpoint.load_tensors(CLIENT_TENSOR_PREFIXES, dtype, desc="embeddings and layernorms")
         if client_config is None:
             client_config = ClientConfig(network=NetworkConfig(initial_peers=tuple(initial_peers), client_mode=True))
+        if verify_fraction is not None:
+            client_config = dataclasses.replace(client_config, verify_fraction=verify_fraction)
+        if trusted_servers is not None:
+            client_config = dataclasses.replace(client_config, trusted_servers=tuple(trusted_servers))
         with torch.device("meta"):
             model = cls(config)
         state = {f"transformer.{name}": tensor for name, tensor in tensors.items() if not name.startswith("lm_head.")}
@@ -110,8 +117,7 @@ class DistributedBloomForCausalLM(BloomPreTrainedModel, GenerationMixin):
             raise ValueError(f"{name_or_path} lacks the client tensors {missing}")
         if checkpoint.has_file("generation_config.json"):
             model.generation_config = GenerationConfig.from_pretrained(checkpoint.file("generation_config.json").parent)
-        model.transformer.swarm = SwarmClient.connect(
-            checkpoint.model_uid, config.n_layer, checkpoint.fingerprint(), client_config)
+        model.transformer.swarm = SwarmClient.connect(checkpoint, dtype, client_config)
         return model.eval()
 
     @property

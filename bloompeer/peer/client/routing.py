@@ -31,11 +31,13 @@ class SpanRoute:
     end: int
 
 
-def usable_servers(servers: dict[int, list[ServerRecord]], fingerprint: str | None) -> dict[int, list[ServerRecord]]:
-    """Online servers with the client's weights, per block."""
+def usable_servers(servers: dict[int, list[ServerRecord]], fingerprint: str | None,
+                   trusted: Collection[str] = ()) -> dict[int, list[ServerRecord]]:
+    """Online servers with the client's weights (and among `trusted`, if given), per block."""
     return {
         index: [r for r in records if r.state is ServerState.ONLINE
-                and (fingerprint is None or r.weights_fingerprint == fingerprint)]
+                and (fingerprint is None or r.weights_fingerprint == fingerprint)
+                and (not trusted or r.peer_id in trusted)]
         for index, records in servers.items()
     }
 

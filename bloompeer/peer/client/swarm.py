@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Collection
 
 from hivemind.p2p import P2P
 
@@ -27,9 +28,12 @@ RTT_MAX_AGE_S = 60.0  # servers are pinged again after this long
 
 class SwarmView:
     def __init__(self, p2p: P2P, directory: BlockDirectory, model_uid: str, num_blocks: int,
-                 fingerprint: str | None, refresh_period_s: float = 10.0, ping_timeout_s: float = 2.0):
+                 fingerprint: str | None, refresh_period_s: float = 10.0, ping_timeout_s: float = 2.0,
+                 trusted: Collection[str] = ()):
+        """trusted: if not empty, the only peer ids ever used (a private swarm)."""
         self.p2p, self.directory, self.model_uid, self.num_blocks, self.fingerprint = (
             p2p, directory, model_uid, num_blocks, fingerprint)
+        self.trusted = frozenset(trusted)
         self.refresh_period_s, self.ping_timeout_s = refresh_period_s, ping_timeout_s
         self.servers: dict[int, list[ServerRecord]] = {}
         self.rtts_s: dict[str, float] = {}
@@ -39,7 +43,7 @@ class SwarmView:
 
     async def refresh(self) -> None:
         found = await self.directory.find_servers(self.model_uid, self.num_blocks)
-        self.servers, self._updated_at = usable_servers(found, self.fingerprint), time.monotonic()
+        self.servers, self._updated_at = usable_servers(found, self.fingerprint, self.trusted), time.monotonic()
         await self._ping_stale()
 
     async def _ping_stale(self) -> None:

@@ -11,12 +11,14 @@ import logging
 
 import torch
 
+from ...blocks import Checkpoint
 from ...p2p import PeerNode
 from .config import ClientConfig
 from .inference_session import InferenceSession
 from .runtime import ClientRuntime
 from .sequential import forward_through_swarm
 from .swarm import SwarmView
+from .verification import LocalBlocks, OutputVerifier
 
 __all__ = ["SwarmClient"]
 
@@ -24,27 +26,34 @@ logger = logging.getLogger(__name__)
 
 
 class SwarmClient:
-    def __init__(self, runtime: ClientRuntime, node: PeerNode, swarm: SwarmView, config: ClientConfig):
-        self.runtime, self.node, self.swarm, self.config = runtime, node, swarm, config
+    def __init__(self, runtime: ClientRuntime, node: PeerNode, swarm: SwarmView, config: ClientConfig,
+                 verifier: OutputVerifier | None):
+        self.runtime, self.node, self.swarm, self.config, self.verifier = runtime, node, swarm, config, verifier
         self._refresher = runtime.run(self._start_refresher())
 
     async def _start_refresher(self) -> asyncio.Task:
         return asyncio.create_task(self.swarm.keep_fresh(), name="bloompeer-swarm-view")
 
     @classmethod
-    def connect(cls, model_uid: str, num_blocks: int, fingerprint: str | None, config: ClientConfig) -> SwarmClient:
+    def connect(cls, checkpoint: Checkpoint, dtype: torch.dtype, config: ClientConfig) -> SwarmClient:
+        """Join the swarm as a client of `checkpoint`'s model (only servers with its fingerprint are used)."""
         runtime = ClientRuntime()
         try:
             node = runtime.run(PeerNode.create(config.network))
         except BaseException:
             runtime.shutdown()
             raise
-        view = SwarmView(node.p2p, node.directory, model_uid, num_blocks, fingerprint, config.swarm_refresh_period_s)
-        return cls(runtime, node, view, config)
+        view = SwarmView(node.p2p, node.directory, checkpoint.model_uid, checkpoint.config().n_layer,
+                         checkpoint.fingerprint(), config.swarm_refresh_period_s, trusted=config.trusted_servers)
+        verifier = None
+        if config.verify_fraction > 0:
+            local = LocalBlocks(checkpoint, dtype) if checkpoint.local_dir is not None else None
+            verifier = OutputVerifier(node.p2p, view, config, local)
+        return cls(runtime, node, view, config, verifier)
 
     def open_session(self, max_length: int) -> InferenceSession:
         """A session whose servers are chosen, and caches reserved, at its first step."""
-        return InferenceSession(self.node.p2p, self.swarm, self.config, max_length)
+        return InferenceSession(self.node.p2p, self.swarm, self.config, max_length, self.verifier)
 
     def step(self, session: InferenceSession, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None,
              hypo_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,0 +1,122 @@
+"""Catching a server that lies: a sampled fraction of each span's steps is recomputed elsewhere.
+
+The check is a full forward of the span's whole input so far on an independent server for the
+same blocks (or, where none exists and the span is small, on the client itself when it has the
+checkpoint), compared with what the span's server returned for the new tokens. If they
+disagree, a third computation decides who is wrong; without one, neither is trusted. A server
+found wrong is banned for the rest of the session and its work is redone on another route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Collection
+
+import torch
+from hivemind.p2p import P2P
+
+from ...blocks import BlockSpan, Checkpoint
+from ...p2p import RemoteError
+from .config import ClientConfig
+from .routing import SpanRoute
+from .span_session import remote_forward
+from .swarm import SwarmView
+
+__all__ = ["LocalBlocks", "OutputVerifier", "relative_error", "tolerance_for"]
+
+logger = logging.getLogger(__name__)
+
+LOCAL_MAX_BLOCKS = 8  # the client recomputes at most this many blocks itself
+LIAR_BAN_S = 3600.0
+
+
+def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
+    """||output - reference|| / ||reference||, in float32."""
+    reference = reference.float()
+    return float((output.float() - reference).norm() / reference.norm().clamp_min(1e-12))
+
+
+def tolerance_for(dtype: torch.dtype) -> float:
+    """How far an honest recomputation may drift: a full forward and a step-by-step decode round
+    differently, by far less than this in float32; half precisions drift more."""
+    return 1e-3 if dtype == torch.float32 else 3e-2
+
+
+class LocalBlocks:
+    """Blocks the client loads from its own copy of the checkpoint, only to check servers."""
+
+    def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype):
+        self.checkpoint, self.dtype = checkpoint, dtype
+        self._spans: dict[tuple[int, int], BlockSpan] = {}
+
+    def forward(self, start: int, end: int, hidden: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
+        if (start, end) not in self._spans:
+            self._spans[start, end] = BlockSpan.from_checkpoint(self.checkpoint, start, end, self.dtype)
+        with torch.inference_mode():
+            return self._spans[start, end](hidden.to(self.dtype), padding_mask).to(hidden.dtype)
+
+
+class OutputVerifier:
+    def __init__(self, p2p: P2P, swarm: SwarmView, config: ClientConfig, local: LocalBlocks | None):
+        self.p2p, self.swarm, self.config, self.local = p2p, swarm, config, local
+
+    def sampled(self) -> bool:
+        return self.config.verify_fraction > 0 and random.random() < self.config.verify_fraction
+
+    async def find_liars(self, route: SpanRoute, inputs: torch.Tensor, padding_mask: torch.Tensor | None,
+                         output: torch.Tensor) -> set[str]:
+        """Peers (the span's server, or the one checking it) found to compute these blocks wrongly.
+
+        inputs: [batch, length, hidden], everything the span received so far; output: what its
+        server returned for the last output.shape[1] tokens. Empty if the output checks out, or if
+        nobody else can compute these blocks.
+        """
+        num_new, primary = output.shape[1], route.peer_id_str
+        second = await self._opinion(route, inputs, padding_mask, {primary})
+        if second is None:
+            logger.debug("No second opinion available for blocks %d:%d", route.start, route.end)
+            return set()
+        checker, checked = second[0], second[1][:, -num_new:]
+        tolerance = tolerance_for(output.dtype)
+        error = relative_error(output, checked)
+        if error <= tolerance:
+            return set()
+        arbiter = await self._opinion(route, inputs, padding_mask, {primary, checker})
+        if arbiter is None:
+            logger.warning("Servers %s and %s disagree on blocks %d:%d (relative error %.3g) and nobody else can "
+                           "tell which is wrong: trusting neither", primary, checker, route.start, route.end, error)
+            liars = {primary, checker}
+        else:
+            decided = arbiter[1][:, -num_new:]
+            liars = {peer for peer, answer in [(primary, output), (checker, checked)]
+                     if relative_error(answer, decided) > tolerance}
+        for liar in liars - {"local"}:
+            self.swarm.bans.ban(liar, f"its output for blocks {route.start}:{route.end} disagrees with others "
+                                      f"(relative error {error:.3g})", duration_s=LIAR_BAN_S)
+        return liars
+
+    async def _opinion(self, route: SpanRoute, inputs: torch.Tensor, padding_mask: torch.Tensor | None,
+                       exclude: Collection[str]) -> tuple[str, torch.Tensor] | None:
+        """("peer id" or "local", output of blocks [start, end) for `inputs`), or None if nobody else can."""
+        for peer in self._servers_covering(route, exclude):
+            try:
+                piece = SpanRoute(peer, route.start, route.end)
+                return peer, await remote_forward(self.p2p, piece, self.swarm.model_uid, inputs, padding_mask,
+                                                  self.config.request_timeout_s)
+            except RemoteError as exc:
+                logger.debug("Could not get a second opinion from %s: %s", peer, exc)
+        if self.local is not None and "local" not in exclude and route.end - route.start <= LOCAL_MAX_BLOCKS:
+            output = await asyncio.get_running_loop().run_in_executor(
+                None, self.local.forward, route.start, route.end, inputs, padding_mask)
+            return "local", output
+        return None
+
+    def _servers_covering(self, route: SpanRoute, exclude: Collection[str]) -> list[str]:
+        """Servers announcing all of the route's blocks, nearest first."""
+        banned = self.swarm.bans.banned()
+        peers = {r.peer_id for r in self.swarm.servers.get(route.start, [])
+                 if r.start <= route.start and route.end <= r.end and r.peer_id not in exclude
+                 and r.peer_id not in banned}
+        return sorted(peers, key=lambda peer: self.swarm.rtts_s.get(peer, float("inf")))

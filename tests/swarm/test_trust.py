@@ -1,0 +1,79 @@
+"""Servers that lie, or serve other weights under the same name: the client catches them and the
+tokens stay those of HF."""
+
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from .conftest import swarm_client
+
+LIAR = [sys.executable, str(Path(__file__).parent.parent / "helpers" / "lying_server.py")]
+FAST = ("--throughput", "1e6")  # announced as very fast, so routing prefers it
+PROMPT = torch.tensor([[1, 40, 41, 42]])
+
+
+def _generate(model, tokens=12):
+    with torch.inference_mode():
+        return model.generate(PROMPT, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+
+
+def _expected(reference_model, tokens=12):
+    with torch.inference_mode():
+        return reference_model.generate(PROMPT, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+
+
+def test_a_lying_server_is_caught_by_a_second_server_and_routed_around(swarm, fresh_model, start_servers,
+                                                                      reference_model, caplog):
+    liar = start_servers([(0, 4)], *FAST, program=LIAR)[0]
+    start_servers([(0, 4), (0, 4)])
+    with caplog.at_level(logging.WARNING), swarm_client(swarm, fresh_model, verify_fraction=1.0) as model:
+        tokens = _generate(model)
+        assert liar.peer_id_str in model.swarm.swarm.bans.banned()
+    assert tokens.tolist() == _expected(reference_model).tolist()
+    assert any(liar.peer_id_str in r.message and "relative error" in r.message for r in caplog.records)
+
+
+def test_without_verification_the_lie_goes_through(swarm, fresh_model, start_servers, reference_model):
+    """The control experiment: unchecked, the liar's outputs reach the client."""
+    start_servers([(0, 4)], *FAST, program=LIAR)
+    start_servers([(0, 4)])
+    with swarm_client(swarm, fresh_model) as model, torch.inference_mode():
+        difference = (model(PROMPT).logits - reference_model(PROMPT).logits).abs().max()
+    assert difference > 1e-2
+
+
+def test_the_client_checks_a_lone_server_against_its_own_copy_of_the_blocks(swarm, fresh_model, start_servers,
+                                                                           reference_model):
+    """No second server holds all of 0:2, so the client recomputes those blocks from its checkpoint."""
+    liar = start_servers([(0, 2)], *FAST, program=LIAR)[0]
+    start_servers([(0, 1), (1, 2), (2, 4)])
+    with swarm_client(swarm, fresh_model, verify_fraction=1.0) as model:
+        tokens = _generate(model)
+        assert liar.peer_id_str in model.swarm.swarm.bans.banned()
+    assert tokens.tolist() == _expected(reference_model).tolist()
+
+
+def test_trusted_servers_only(swarm, fresh_model, start_servers, reference_model):
+    start_servers([(0, 4)], *FAST, program=LIAR)
+    honest = start_servers([(0, 4)])[0]
+    with swarm_client(swarm, fresh_model, trusted_servers=(honest.peer_id_str,)) as model:
+        tokens = _generate(model)
+    assert tokens.tolist() == _expected(reference_model).tolist()
+
+
+def test_servers_of_other_weights_under_the_same_name_are_refused(swarm, fresh_model, start_servers,
+                                                                 reference_model, tmp_path):
+    impostor = tmp_path / "impostor" / fresh_model.name  # same model name, another config
+    shutil.copytree(fresh_model, impostor)
+    config = json.loads((impostor / "config.json").read_text())
+    (impostor / "config.json").write_text(json.dumps({**config, "layer_norm_epsilon": 2e-5}))
+    start_servers([(0, 4)], *FAST, model=impostor)
+    honest = start_servers([(0, 4)])[0]
+    with swarm_client(swarm, fresh_model) as model, model.inference_session(max_length=32) as session:
+        with torch.inference_mode():
+            model(PROMPT)
+        assert [piece.peer_id_str for piece in session.route] == [honest.peer_id_str]
