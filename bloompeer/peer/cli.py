@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from .. import _version
+from .default_model import DEMO_MODEL_DIR
 from .local_swarm import EXIT_WITH_PARENT_ENV
 
 __all__ = ["main", "build_parser"]
@@ -110,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve a range of a model's blocks to the swarm",
                                 description="Load blocks A..B-1 of a BLOOM model and serve them to the swarm until "
                                             "interrupted (SIGINT or SIGTERM), then announce offline and exit.")
-    serve.add_argument("--model", required=True, help="local checkpoint directory or Hugging Face hub name")
+    serve.add_argument("--model", default=str(DEMO_MODEL_DIR),
+                       help="local checkpoint directory or Hugging Face hub name (default: the bundled demo model)")
     which = serve.add_mutually_exclusive_group(required=True)
     which.add_argument("--blocks", type=_block_range, metavar="A:B", help="serve blocks A..B-1, e.g. 0:8")
     which.add_argument("--num-blocks", type=int, metavar="K",

@@ -1,28 +1,18 @@
-"""The model `bloompeer generate` uses when none is named: a tiny random-weight BLOOM.
+"""Models that need no download: the bundled demo model, and random-weight checkpoints.
 
-It is created once in the cache directory, with a byte-level tokenizer, so that a fresh
-machine with no network can run the whole system. Its text is gibberish by construction.
+The demo model (bloompeer/demo_model, trained by scripts/train_demo_model.py on Jane Austen's
+novels) is what `generate`, `serve` and `status` use when no --model is given. Random-weight
+checkpoints of any size, with a byte-level tokenizer, are for tests and benchmarks.
 """
 
 from __future__ import annotations
 
-import logging
-import shutil
-import tempfile
 from pathlib import Path
 
-from .paths import cache_dir
+__all__ = ["DEMO_MODEL_DIR", "write_byte_tokenizer", "write_random_checkpoint"]
 
-__all__ = ["default_model_dir", "ensure_default_model", "write_byte_tokenizer", "write_random_checkpoint"]
-
-logger = logging.getLogger(__name__)
-
-DEFAULT_MODEL_NAME = "tiny-random-bloom"
+DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "demo_model"
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
-
-
-def default_model_dir() -> Path:
-    return cache_dir() / "models" / DEFAULT_MODEL_NAME
 
 
 def write_byte_tokenizer(directory: Path) -> int:
@@ -55,19 +45,4 @@ def write_random_checkpoint(directory: Path, *, num_blocks: int = 4, hidden_size
     torch.manual_seed(seed)
     model = BloomForCausalLM(config).to(getattr(torch, dtype)).eval()
     model.save_pretrained(directory, max_shard_size=max_shard_size)
-    return directory
-
-
-def ensure_default_model() -> Path:
-    directory = default_model_dir()
-    if not (directory / "config.json").is_file():
-        logger.info("Creating the default model, a tiny random-weight BLOOM (its output is gibberish), in %s",
-                    directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
-        write_random_checkpoint(partial)
-        try:
-            partial.rename(directory)
-        except OSError:  # another process created it first
-            shutil.rmtree(partial, ignore_errors=True)
     return directory

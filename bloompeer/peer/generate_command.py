@@ -8,6 +8,8 @@ import logging
 import os
 import sys
 
+from .default_model import DEMO_MODEL_DIR
+
 __all__ = ["add_generate_parser", "run_generate"]
 
 logger = logging.getLogger(__name__)
@@ -21,9 +23,9 @@ def add_generate_parser(commands, add_network_flags) -> None:
                     "--initial-peers (and no $BLOOMPEER_INITIAL_PEERS), a local swarm of a bootstrap peer and "
                     "two servers is started for the model and stopped afterwards.")
     generate.add_argument("prompt", help="text to continue")
-    generate.add_argument("--model", default=None,
-                          help="local checkpoint directory or hub name (default: a tiny random-weight BLOOM, "
-                               "created once in the cache directory)")
+    generate.add_argument("--model", default=str(DEMO_MODEL_DIR),
+                          help="local checkpoint directory or hub name (default: the bundled demo model, a small "
+                               "BLOOM trained on Jane Austen's novels)")
     generate.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to generate (32)")
     sampling = generate.add_argument_group("decoding (greedy unless a sampling flag is given)")
     sampling.add_argument("--greedy", action="store_true", help="always take the most likely token")
@@ -61,10 +63,6 @@ def run_generate(args: argparse.Namespace) -> int:
         sampling = _sampling_kwargs(args)
         with contextlib.ExitStack() as stack:
             model_path = args.model
-            if model_path is None:
-                from .default_model import ensure_default_model
-
-                model_path = str(ensure_default_model())
             initial_peers = _initial_peers(args)
             if not initial_peers:
                 initial_peers = _start_local_swarm(model_path, stack)
@@ -110,7 +108,10 @@ def _generate(args: argparse.Namespace, model_path: str, initial_peers: tuple[st
                           verify_fraction=args.verify_fraction, trusted_servers=tuple(args.trusted_servers))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     inputs = tokenizer(args.prompt, return_tensors="pt")
-    with DistributedBloomForCausalLM.from_pretrained(model_path, client_config=config) as model:
+    max_length = inputs.input_ids.shape[1] + args.max_new_tokens
+    with DistributedBloomForCausalLM.from_pretrained(model_path, client_config=config) as model, \
+            model.inference_session(max_length) as session:
+        model.swarm.runtime.run(session.open(batch=1))  # the route (logged) before the text starts
         print(args.prompt, end="", flush=True)
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
         with torch.inference_mode():

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..p2p import ServerRecord
+from .default_model import DEMO_MODEL_DIR
 
 __all__ = ["add_status_parser", "run_status", "format_status"]
 
@@ -16,9 +17,9 @@ def add_status_parser(commands, add_network_flags) -> None:
         description="Read the swarm's DHT records for a model and print, for each block, the servers that announce "
                     "it (short peer id, state, throughput, cache room, direct or relayed); blocks nobody serves are "
                     "marked MISSING.")
-    status.add_argument("--model", default=None,
-                        help="local checkpoint directory or hub name (default: the default model of `generate`); "
-                             "only its config is read")
+    status.add_argument("--model", default=str(DEMO_MODEL_DIR),
+                        help="local checkpoint directory or hub name (default: the bundled demo model); only its "
+                             "config is read")
     status.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
     add_network_flags(status, "/ip4/127.0.0.1/tcp/0")
 
@@ -69,10 +70,6 @@ def run_status(args: argparse.Namespace) -> int:
             await node.shutdown()
 
     model = args.model
-    if model is None:
-        from .default_model import ensure_default_model
-
-        model = str(ensure_default_model())
     try:
         model_uid, num_blocks, servers = uvloop.run(fetch())
     except (BloompeerError, ValueError, OSError) as exc:

@@ -1,6 +1,7 @@
 """The `bloompeer` command as a user runs it: real processes, output on stdout, clean exits."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -9,7 +10,9 @@ import uuid
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, BloomForCausalLM
+
+from bloompeer.peer.default_model import DEMO_MODEL_DIR
 
 from .conftest import MARKER_ENV, processes_with_env
 
@@ -49,12 +52,37 @@ def test_generate_waits_for_missing_blocks_then_fails_clearly(swarm, tiny_checkp
 
 
 def test_generate_without_peers_runs_a_local_swarm_and_leaves_nothing(tmp_path):
+    """The README's main command: the bundled demo model, through a local swarm, then nothing left."""
     marker = uuid.uuid4().hex
-    result = _run(["generate", "Hello", "--max-new-tokens", "4"],
+    result = _run(["generate", "Once upon a time", "--max-new-tokens", "24"],
                   env={"BLOOMPEER_CACHE": str(tmp_path), MARKER_ENV: marker})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("Hello") and len(result.stdout.rstrip("\n")) > len("Hello")
-    assert "tiny random-weight BLOOM" in result.stderr  # the user is told what the default model is
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL_DIR)
+    reference = BloomForCausalLM.from_pretrained(DEMO_MODEL_DIR, dtype=torch.float32).eval()
+    ids = tokenizer("Once upon a time", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        expected = reference.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    continuation = tokenizer.decode(expected[0, ids.shape[1]:], skip_special_tokens=True)
+    assert result.stdout.rstrip("\n") == "Once upon a time" + continuation
+    assert len(re.findall(r"\b[a-z]{2,}\b", continuation)) >= 10  # words, not byte soup
+    routes = [line for line in result.stderr.splitlines() if "Route for blocks 0:6" in line]
+    assert len(routes) == 1 and routes[0].count("[") == 2  # one line: which peer served which blocks
+    assert processes_with_env(MARKER_ENV, marker) == []
+
+
+def test_ctrl_c_during_generation_stops_everything(tmp_path):
+    marker = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k != "BLOOMPEER_INITIAL_PEERS"}
+    process = subprocess.Popen([*CLI, "generate", "Once upon a time", "--max-new-tokens", "4000"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**env, "BLOOMPEER_CACHE": str(tmp_path), MARKER_ENV: marker})
+    try:
+        assert process.stdout.read(len("Once upon a time") + 10)  # generation is under way
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 130
+    finally:
+        process.kill()
+        process.communicate()
     assert processes_with_env(MARKER_ENV, marker) == []
 
 

@@ -97,8 +97,7 @@ class InferenceSession:
             raise ValueError(f"the session was opened for max_length={self.max_length}; "
                              f"{self.position} + {num_new} tokens do not fit")
         if self.batch is None:
-            self.batch = hidden.shape[0]
-            self._spans = await self._build(0, self.swarm.num_blocks, [], self.config.missing_blocks_timeout_s)
+            await self.open(hidden.shape[0])
         elif hidden.shape[0] != self.batch:
             raise ValueError(f"the session was opened for batch {self.batch}, got {hidden.shape[0]} rows")
         step = _StepInput(self.position, hidden, padding_mask, hypo_ids)
@@ -124,6 +123,13 @@ class InferenceSession:
             index += 1
         self.position += num_new
         return step.hidden
+
+    async def open(self, batch: int) -> None:
+        """Choose the route and reserve the servers' caches now (the first step does it otherwise)."""
+        if self.batch is not None:
+            raise RuntimeError("this inference session is already open")
+        self.batch = batch
+        self._spans = await self._build(0, self.swarm.num_blocks, [], self.config.missing_blocks_timeout_s)
 
     async def _push_along(self, step: _StepInput) -> list:
         """Send the step to the first span, to be pushed through the rest: every span's answer (an
