@@ -40,13 +40,16 @@ class BanList:
 
 
 PINGS = 3  # per measurement, averaged: a server that stalls now and then is slow, however fast its best ping
+PING_INTERVAL_S = 0.05  # spaced out, so that the pings sample different moments of the server's life
 
 
 async def ping(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
     """Mean seconds of a few round trips to the server (a stream and its info frame); inf if it
     does not answer."""
     rtts = []
-    for _ in range(PINGS):
+    for attempt in range(PINGS):
+        if attempt:
+            await asyncio.sleep(PING_INTERVAL_S)
         rtts.append(await _ping_once(p2p, peer_id_str, timeout_s))
         if rtts[-1] == float("inf"):
             break
