@@ -4,7 +4,8 @@ For each model (random weights, written to a temp dir): starts a bootstrap peer 
 127.0.0.1 splitting the blocks, then measures for bloompeer and for BloomForCausalLM run locally:
   - decode: median time between consecutive tokens of greedy generate (16-token prompt, 32 new);
   - forward: median seconds of one full forward over a 512-token prompt.
-Prints a table with the ratios (bloompeer / local; lower is better).
+Decoding is measured with server-to-server push (the default) and without it. Prints a table
+with the ratios (bloompeer / local; lower is better).
 
     python benchmarks/inference.py                      # tiny and bloom-560m architectures
     python benchmarks/inference.py --models tiny --servers 3
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import BloomForCausalLM, LogitsProcessor, LogitsProcessorList
 
-from bloompeer import DistributedBloomForCausalLM
+from bloompeer import ClientConfig, DistributedBloomForCausalLM, NetworkConfig
 from bloompeer.peer.default_model import write_random_checkpoint
 from bloompeer.peer.local_swarm import LocalSwarm, split_blocks
 
@@ -80,11 +81,15 @@ def bench(name: str, servers: int, args: argparse.Namespace) -> dict[str, tuple[
                             forward_s(local, long_ids, args.forward_repeats))
         del local
         print(f"[{name}] starting a swarm of {servers} servers...", file=sys.stderr, flush=True)
-        with LocalSwarm(path, split_blocks(spec["num_blocks"], servers)) as swarm, \
-                DistributedBloomForCausalLM.from_pretrained(path, initial_peers=swarm.initial_peers) as model:
-            decode_step_ms(model, prompt, 4, 1)  # warm-up: route, connections
-            results["bloompeer"] = (decode_step_ms(model, prompt, args.new_tokens, args.repeats),
-                                    forward_s(model, long_ids, args.forward_repeats))
+        with LocalSwarm(path, split_blocks(spec["num_blocks"], servers)) as swarm:
+            for push in (True, False):
+                config = ClientConfig(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True),
+                                      push=push)
+                with DistributedBloomForCausalLM.from_pretrained(path, client_config=config) as model:
+                    decode_step_ms(model, prompt, 4, 1)  # warm-up: route, connections
+                    decode = decode_step_ms(model, prompt, args.new_tokens, args.repeats)
+                    forward = forward_s(model, long_ids, args.forward_repeats) if push else None
+                results["push" if push else "no push"] = (decode, forward)
         return results
 
 
@@ -102,11 +107,14 @@ def main() -> None:
     print(f"{'model':<12} {'metric':<28} {'local HF':>10} {'bloompeer':>10} {'ratio':>7}")
     for name in args.models:
         results = bench(name, args.servers, args)
-        (local_decode, local_forward), (our_decode, our_forward) = results["local"], results["bloompeer"]
-        print(f"{name:<12} {'decode step, median ms':<28} {local_decode:>10.2f} {our_decode:>10.2f} "
-              f"{our_decode / local_decode:>7.3f}")
+        local_decode, local_forward = results["local"]
+        for mode in ("push", "no push"):
+            decode = results[mode][0]
+            print(f"{name:<12} {f'decode step ({mode}), median ms':<28} {local_decode:>10.2f} {decode:>10.2f} "
+                  f"{decode / local_decode:>7.3f}")
+        forward = results["push"][1]
         print(f"{name:<12} {f'forward {args.forward_tokens} tokens, s':<28} {local_forward:>10.3f} "
-              f"{our_forward:>10.3f} {our_forward / local_forward:>7.3f}", flush=True)
+              f"{forward:>10.3f} {forward / local_forward:>7.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from ...p2p import ServerRecord, ServerState
 __all__ = ["SpanRoute", "choose_route", "missing_blocks", "usable_servers", "UNKNOWN_RTT_S", "RELAY_PENALTY_S"]
 
 UNKNOWN_RTT_S = 0.05  # a server not pinged yet is assumed this far away
+UNREACHABLE_RTT_S = 5.0  # a server that did not answer its last ping: used only if nothing else serves its blocks
 UNKNOWN_THROUGHPUT = 1.0  # tokens/s per block assumed for a server that announces none
 RELAY_PENALTY_S = 0.01  # per relayed hop: each byte crosses the relay twice
 
@@ -77,7 +78,7 @@ def choose_route(
         for record in candidates.values():
             if not record.start <= boundary < record.end:
                 continue
-            rtt_s = rtts_s.get(record.peer_id, UNKNOWN_RTT_S)
+            rtt_s = min(rtts_s.get(record.peer_id, UNKNOWN_RTT_S), UNREACHABLE_RTT_S)
             for piece_end in range(boundary + 1, min(record.end, end) + 1):
                 cost = best_cost[boundary] + piece_cost_s(record, piece_end - boundary, rtt_s)
                 if cost < best_cost.get(piece_end, math.inf):

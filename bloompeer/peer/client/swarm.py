@@ -47,9 +47,11 @@ class SwarmView:
         await self._ping_stale()
 
     async def _ping_stale(self) -> None:
+        """Ping servers not pinged lately, and again every time those that did not answer."""
         now = time.monotonic()
         peers = {record.peer_id for records in self.servers.values() for record in records}
-        stale = [peer for peer in peers if now - self._pinged_at.get(peer, float("-inf")) > RTT_MAX_AGE_S]
+        stale = [peer for peer in peers if now - self._pinged_at.get(peer, float("-inf")) > RTT_MAX_AGE_S
+                 or self.rtts_s.get(peer) == float("inf")]
         rtts = await asyncio.gather(*(ping(self.p2p, peer, self.ping_timeout_s) for peer in stale))
         for peer, rtt_s in zip(stale, rtts):
             self.rtts_s[peer], self._pinged_at[peer] = rtt_s, now
@@ -64,8 +66,7 @@ class SwarmView:
                 logger.warning("Could not refresh the view of the swarm", exc_info=True)
 
     def _excluded(self) -> set[str]:
-        unreachable = {peer for peer, rtt_s in self.rtts_s.items() if rtt_s == float("inf")}
-        return self.bans.banned() | unreachable
+        return self.bans.banned()
 
     async def route(self, start: int = 0, end: int | None = None, min_cache_tokens: int = 0,
                     timeout_s: float = 60.0, poll_period_s: float = 1.0) -> list[SpanRoute]:
