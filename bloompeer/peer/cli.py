@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from .. import _version
 from .default_model import DEMO_MODEL_DIR
@@ -106,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     dht = commands.add_parser("dht", help="run a bootstrap peer that others join through",
                               description="Run a bootstrap peer. Prints its multiaddrs, one per line: give one "
                                           "of them to servers and clients with --initial-peers.")
+    dht.add_argument("--maddrs-file", metavar="FILE", default=None,
+                     help="also write the multiaddrs to FILE once the peer is up (for scripts and containers)")
     _add_network_flags(dht, "/ip4/0.0.0.0/tcp/0")
 
     serve = commands.add_parser("serve", help="serve a range of a model's blocks to the swarm",
@@ -144,13 +147,21 @@ async def _wait_for_signal() -> None:
     await _signal_event().wait()
 
 
+async def _reachable_first(node) -> list[str]:
+    """The peer's multiaddrs, loopback ones last (they are of use only on this machine)."""
+    return sorted(await node.visible_maddrs(), key=lambda maddr: "/127." in maddr or "/ip6/::1/" in maddr)
+
+
 async def run_dht(args: argparse.Namespace) -> int:
     from ..p2p import PeerNode
 
     node = await PeerNode.create(_network_config(args))
     try:
-        for maddr in await node.visible_maddrs():
+        maddrs = await _reachable_first(node)
+        for maddr in maddrs:
             print(maddr, flush=True)
+        if args.maddrs_file:
+            Path(args.maddrs_file).write_text("".join(f"{maddr}\n" for maddr in maddrs))
         logger.info("Bootstrap peer %s is up; stop it with Ctrl-C", node.peer_id_str)
         await _wait_for_signal()
     finally:
@@ -179,7 +190,7 @@ async def run_serve(args: argparse.Namespace) -> int:
         return 0
     server = starting.result()
     try:
-        for maddr in await server.node.visible_maddrs():
+        for maddr in await _reachable_first(server.node):
             print(maddr, flush=True)
         print(f"online: serving {server.model_uid} blocks {server.start}:{server.end} as {server.node.peer_id_str}",
               flush=True)

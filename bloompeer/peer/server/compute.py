@@ -20,9 +20,11 @@ __all__ = ["ComputeWorker", "SINGLE_THREAD_MAX_ROWS"]
 T = TypeVar("T")
 
 # Calls of at most this many rows (batch x new tokens) run on one thread. Measured on a 2-core
-# CPU with BLOOM blocks of hidden size 64..1024: one row was as fast or faster on one thread at
-# every size (hidden 1024, two blocks: 9.4 ms vs 11.0 ms); 8 rows were faster on two threads.
-SINGLE_THREAD_MAX_ROWS = 4
+# CPU (scratch script, medians of 25 steps): one row took the same time on one thread as on two
+# (hidden 1024, 12 blocks: 40.0 vs 40.4 ms), and much less when other processes competed for the
+# cores (4 blocks of hidden 64: 1.1 vs 2.1 ms); 4 rows and more were faster on two threads
+# (hidden 1024, 12 blocks, 16 rows: 138 vs 96 ms).
+SINGLE_THREAD_MAX_ROWS = 1
 
 
 class ComputeWorker:
