@@ -11,10 +11,13 @@ from .p2p.errors import (
 from .p2p.node import NetworkConfig, NetworkError
 from .peer.client.config import ClientConfig
 from .peer.client.errors import MissingBlocksError
-from .peer.client.model import DistributedBloomForCausalLM, DistributedBloomModel
+from .peer.client.base import DistributedBloomModel
+from .peer.client.classification import DistributedBloomForSequenceClassification
+from .peer.client.model import DistributedBloomForCausalLM
 
 __all__ = [
-    "__version__", "BloompeerError", "ClientConfig", "DistributedBloomForCausalLM", "DistributedBloomModel",
+    "__version__", "BloompeerError", "ClientConfig", "DistributedBloomForCausalLM",
+    "DistributedBloomForSequenceClassification", "DistributedBloomModel",
     "ErrorCode", "MissingBlocksError", "NetworkConfig", "NetworkError", "PeerBusyError", "PeerUnavailableError",
     "ProtocolError", "RemoteError",
 ]

@@ -103,15 +103,21 @@ class BlockSpan(nn.Module):
 
     def forward(
         self, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None, cache: SessionCache | None = None,
-        start: int | None = None, end: int | None = None,
+        start: int | None = None, end: int | None = None, prompts: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One request through blocks [start, end) (default: the whole span); see Segment."""
-        return self.forward_segments([Segment(hidden, padding_mask, cache)], start, end)[0]
+        """One request through blocks [start, end) (default: the whole span); see Segment.
+
+        prompts: [end - start, batch, prompt_length, hidden] deep prompts: prompts[i] is added to
+        the first prompt_length positions of the hidden states entering block start + i.
+        """
+        return self.forward_segments([Segment(hidden, padding_mask, cache)], start, end, prompts)[0]
 
     def forward_segments(
-        self, segments: Sequence[Segment], start: int | None = None, end: int | None = None
+        self, segments: Sequence[Segment], start: int | None = None, end: int | None = None,
+        prompts: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
-        """Several requests through blocks [start, end) in one pass; one output per segment."""
+        """Several requests through blocks [start, end) in one pass; one output per segment (deep
+        prompts: for a single segment only)."""
         start, end = self.start if start is None else start, self.end if end is None else end
         attention = [_Attention(segment, self.num_heads) for segment in segments]
         rows = [segment.hidden.shape[0] * segment.hidden.shape[1] for segment in segments]
@@ -119,7 +125,10 @@ class BlockSpan(nn.Module):
             hidden = segments[0].hidden  # [batch, num_new, hidden]: HF's own shapes, for bitwise equality
         else:
             hidden = torch.cat([segment.hidden.reshape(-1, segment.hidden.shape[-1]) for segment in segments])
-        for block in self.blocks[start - self.start : end - self.start]:
+        for index, block in enumerate(self.blocks[start - self.start : end - self.start]):
+            if prompts is not None:
+                length = prompts.shape[2]
+                hidden = torch.cat([hidden[:, :length] + prompts[index], hidden[:, length:]], dim=1)
             hidden = self._block(block, hidden, attention, rows)
         if len(segments) == 1:
             return [hidden]

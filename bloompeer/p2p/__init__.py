@@ -9,9 +9,11 @@ from .errors import (
     BloompeerError, ErrorCode, PeerBusyError, PeerUnavailableError, ProtocolError, RemoteError, remote_error,
 )
 from .framing import DEFAULT_MAX_FRAME_BYTES, pack, read_frame, unpack, write_frame
+from .codecs import CODECS
 from .messages import (
-    FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, CloseSession, ErrorFrame, ForwardRequest,
-    Message, OpenSession, PushStep, PushTarget, ServerInfo, SessionReady, Step, StepOutput, decode_message,
+    BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, BackwardRequest,
+    CloseSession, ErrorFrame, ForwardRequest, Gradients, Message, OpenSession, PushStep, PushTarget, ServerInfo,
+    SessionReady, Step, StepOutput, decode_message,
 )
 from .node import NetworkConfig, NetworkError, PeerNode
 from .records import ServerRecord, ServerState, block_key

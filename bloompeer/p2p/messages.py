@@ -11,7 +11,8 @@ positions) belong to the server, which knows them.
         client: CloseSession, or end of stream
     push (server to server, one way; the receiver answers on its own client's inference stream):
         server: PushStep -> next server, which sends StepOutput | ErrorFrame to the session's client
-    forward:  client: ForwardRequest -> server: StepOutput | ErrorFrame
+    forward:  client: ForwardRequest  -> server: StepOutput | ErrorFrame
+    backward: client: BackwardRequest -> server: Gradients  | ErrorFrame
     info:     server: ServerInfo (as soon as the stream opens)
 """
 
@@ -22,11 +23,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from .codecs import CODECS
 from .errors import ErrorCode, ProtocolError
 from .tensors import FLOAT_DTYPES, tensor_from_wire, tensor_to_wire
 
 __all__ = [
-    "PROTOCOL_VERSION", "INFO_PROTOCOL", "INFERENCE_PROTOCOL", "FORWARD_PROTOCOL", "PUSH_PROTOCOL", "Message",
+    "PROTOCOL_VERSION", "INFO_PROTOCOL", "INFERENCE_PROTOCOL", "FORWARD_PROTOCOL", "BACKWARD_PROTOCOL", "PUSH_PROTOCOL",
+    "Message", "BackwardRequest", "Gradients",
     "OpenSession", "SessionReady", "Step", "StepOutput", "CloseSession", "ForwardRequest", "ErrorFrame",
     "PushStep", "PushTarget", "ServerInfo", "decode_message",
 ]
@@ -36,6 +39,7 @@ INFO_PROTOCOL = f"bloompeer.info/{PROTOCOL_VERSION}"
 INFERENCE_PROTOCOL = f"bloompeer.inference/{PROTOCOL_VERSION}"
 PUSH_PROTOCOL = f"bloompeer.push/{PROTOCOL_VERSION}"
 FORWARD_PROTOCOL = f"bloompeer.forward/{PROTOCOL_VERSION}"
+BACKWARD_PROTOCOL = f"bloompeer.backward/{PROTOCOL_VERSION}"
 
 MAX_STRING_CHARS = 1024
 MAX_WAIT_S = 3600.0  # the longest a client may ask a server to wait for anything
@@ -67,6 +71,12 @@ class _Fields:
             raise ProtocolError(f"{self.type_name}.{name} must be a number in [0, {maximum}]")
         return float(value)
 
+    def codec(self, name: str) -> str:
+        value = self.message.get(name, "raw")
+        if not isinstance(value, str) or value not in CODECS:
+            raise ProtocolError(f"{self.type_name}.{name} must be one of {sorted(CODECS)}", ErrorCode.UNSUPPORTED)
+        return value
+
     def str(self, name: str) -> str:
         value = self.message[name]
         if not isinstance(value, str) or len(value) > MAX_STRING_CHARS:
@@ -79,8 +89,8 @@ class _Fields:
         return tensor_from_wire(self.message[name], f"{self.type_name}.{name}", dtypes)
 
 
-def _optional_tensor(tensor: torch.Tensor | None) -> dict[str, Any] | None:
-    return None if tensor is None else tensor_to_wire(tensor)
+def _optional_tensor(tensor: torch.Tensor | None, codec: str = "raw") -> dict[str, Any] | None:
+    return None if tensor is None else tensor_to_wire(tensor, codec)
 
 
 class Message:
@@ -222,9 +232,10 @@ class StepOutput(Message):
     TYPE: ClassVar[str] = "output"
     hidden: torch.Tensor  # [batch, new, hidden_size]
     step_id: int = 0  # the step's, for inference
+    codec: str = "raw"  # how the sender packs it (not a wire field: the tensor says its own)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "hidden": tensor_to_wire(self.hidden), "step_id": self.step_id}
+        return {"type": self.TYPE, "hidden": tensor_to_wire(self.hidden, self.codec), "step_id": self.step_id}
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> StepOutput:
@@ -247,7 +258,12 @@ class CloseSession(Message):
 
 @dataclass(frozen=True)
 class ForwardRequest(Message):
-    """A full forward of a whole sequence through blocks [start, end), with no cache kept."""
+    """A full forward of whole sequences through blocks [start, end), with no cache kept.
+
+    prompts: [end - start, batch, prompt_length, hidden] deep prompts, added to the first
+    prompt_length positions before each block (prompt tuning). output_codec: how the server
+    should pack its answer (see codecs.py).
+    """
 
     TYPE: ClassVar[str] = "forward"
     model: str
@@ -255,16 +271,72 @@ class ForwardRequest(Message):
     end: int
     hidden: torch.Tensor  # [batch, length, hidden_size]
     padding_mask: torch.Tensor | None = None  # [batch, length] bool
+    prompts: torch.Tensor | None = None
+    output_codec: str = "raw"
+    codec: str = "raw"  # how the sender packs its own tensors (not a wire field: each tensor says its own)
 
     def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "model": self.model, "start": self.start, "end": self.end,
-                "hidden": tensor_to_wire(self.hidden), "padding_mask": _optional_tensor(self.padding_mask)}
+                "hidden": tensor_to_wire(self.hidden, self.codec), "padding_mask": _optional_tensor(self.padding_mask),
+                "prompts": _optional_tensor(self.prompts, self.codec), "output_codec": self.output_codec}
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> ForwardRequest:
-        f = _Fields(message, cls.TYPE, {"model", "start", "end", "hidden"}, {"padding_mask"})
+        f = _Fields(message, cls.TYPE, {"model", "start", "end", "hidden"}, {"padding_mask", "prompts", "output_codec"})
         return cls(f.str("model"), f.int("start"), f.int("end", 1), f.tensor("hidden", FLOAT_DTYPES),
-                   f.tensor("padding_mask", _MASK_DTYPES))
+                   f.tensor("padding_mask", _MASK_DTYPES), f.tensor("prompts", FLOAT_DTYPES), f.codec("output_codec"))
+
+
+@dataclass(frozen=True)
+class BackwardRequest(Message):
+    """Gradients through blocks [start, end): of the loss with respect to the span's input hidden
+    states (and to the deep prompts, if any), given the gradient with respect to its output.
+
+    The server recomputes the forward of `hidden` with autograd; its weights stay frozen.
+    """
+
+    TYPE: ClassVar[str] = "backward"
+    model: str
+    start: int
+    end: int
+    hidden: torch.Tensor  # [batch, length, hidden_size], the span's input
+    grad_output: torch.Tensor  # [batch, length, hidden_size]
+    padding_mask: torch.Tensor | None = None
+    prompts: torch.Tensor | None = None
+    output_codec: str = "raw"
+    codec: str = "raw"  # how the sender packs its own tensors (not a wire field: each tensor says its own)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "model": self.model, "start": self.start, "end": self.end,
+                "hidden": tensor_to_wire(self.hidden, self.codec),
+                "grad_output": tensor_to_wire(self.grad_output, self.codec),
+                "padding_mask": _optional_tensor(self.padding_mask),
+                "prompts": _optional_tensor(self.prompts, self.codec), "output_codec": self.output_codec}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> BackwardRequest:
+        f = _Fields(message, cls.TYPE, {"model", "start", "end", "hidden", "grad_output"},
+                    {"padding_mask", "prompts", "output_codec"})
+        return cls(f.str("model"), f.int("start"), f.int("end", 1), f.tensor("hidden", FLOAT_DTYPES),
+                   f.tensor("grad_output", FLOAT_DTYPES), f.tensor("padding_mask", _MASK_DTYPES),
+                   f.tensor("prompts", FLOAT_DTYPES), f.codec("output_codec"))
+
+
+@dataclass(frozen=True)
+class Gradients(Message):
+    TYPE: ClassVar[str] = "gradients"
+    grad_hidden: torch.Tensor  # [batch, length, hidden_size]
+    grad_prompts: torch.Tensor | None = None  # like the request's prompts
+    codec: str = "raw"  # how the sender packs them (not a wire field: each tensor says its own)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "grad_hidden": tensor_to_wire(self.grad_hidden, self.codec),
+                "grad_prompts": _optional_tensor(self.grad_prompts, self.codec)}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> Gradients:
+        f = _Fields(message, cls.TYPE, {"grad_hidden"}, {"grad_prompts"})
+        return cls(f.tensor("grad_hidden", FLOAT_DTYPES), f.tensor("grad_prompts", FLOAT_DTYPES))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Tensors on the wire: {"dtype", "shape", "codec", "data"} maps inside msgpack frames.
 
-Decoding checks the dtype against an allow-list and the byte length against the shape before
-a tensor is built; the tensor then owns a private copy of the bytes.
+`dtype` and `shape` are what the receiver gets; `codec` (see codecs.py) is how the values were
+packed. Decoding checks the dtype and codec against allow-lists and the byte length against the
+shape before a tensor is built; the tensor then owns a private copy of the bytes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 
+from . import codecs
 from .errors import ErrorCode, ProtocolError
 
 __all__ = ["WIRE_DTYPES", "FLOAT_DTYPES", "MAX_TENSOR_DIMS", "dtype_name", "tensor_to_wire", "tensor_from_wire"]
@@ -22,19 +24,18 @@ WIRE_DTYPES: dict[str, torch.dtype] = {
 FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16"})
 MAX_TENSOR_DIMS = 4
 _TENSOR_KEYS = frozenset({"dtype", "shape", "codec", "data"})
-# numpy (which does the byte view) has no bfloat16; it travels as the int16 with the same bits.
-_STORAGE_DTYPES = {torch.bfloat16: torch.int16}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def tensor_to_wire(tensor: torch.Tensor) -> dict[str, Any]:
+def tensor_to_wire(tensor: torch.Tensor, codec: str = "raw") -> dict[str, Any]:
     tensor = tensor.detach().cpu().contiguous()
-    storage = tensor.view(_STORAGE_DTYPES.get(tensor.dtype, tensor.dtype))
-    return {"dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape), "codec": "raw",
-            "data": storage.numpy().tobytes()}
+    if codec != "raw" and not tensor.is_floating_point():
+        codec = "raw"  # masks and indices are never compressed
+    return {"dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape), "codec": codec,
+            "data": codecs.encode(tensor, codec)}
 
 
 def tensor_from_wire(obj: Any, name: str, allowed_dtypes: frozenset[str]) -> torch.Tensor:
@@ -44,19 +45,19 @@ def tensor_from_wire(obj: Any, name: str, allowed_dtypes: frozenset[str]) -> tor
     dtype_str, shape, codec, data = obj["dtype"], obj["shape"], obj["codec"], obj["data"]
     if not isinstance(dtype_str, str) or dtype_str not in allowed_dtypes:
         raise ProtocolError(f"{name}: dtype {dtype_str!r} is not one of {sorted(allowed_dtypes)}")
-    if codec != "raw":
-        raise ProtocolError(f"{name}: codec {codec!r} is not supported", ErrorCode.UNSUPPORTED)
+    if not isinstance(codec, str) or codec not in codecs.CODECS or (codec != "raw" and dtype_str not in FLOAT_DTYPES):
+        raise ProtocolError(f"{name}: codec {str(codec)[:40]!r} is not supported for {dtype_str}",
+                            ErrorCode.UNSUPPORTED)
     if (not isinstance(shape, list) or len(shape) > MAX_TENSOR_DIMS
             or not all(type(dim) is int and dim >= 0 for dim in shape)):
         raise ProtocolError(f"{name}: shape must be a list of at most {MAX_TENSOR_DIMS} non-negative ints")
     if not isinstance(data, bytes):
         raise ProtocolError(f"{name}: data must be bytes")
-    dtype = WIRE_DTYPES[dtype_str]
-    storage_dtype = _STORAGE_DTYPES.get(dtype, dtype)
-    expected_bytes = math.prod(shape) * torch.empty((), dtype=storage_dtype).element_size()
+    dtype, numel = WIRE_DTYPES[dtype_str], math.prod(shape)
+    expected_bytes = codecs.encoded_nbytes(codec, numel, dtype)
     if len(data) != expected_bytes:
-        raise ProtocolError(f"{name}: {len(data)} bytes of data for shape {shape} of {dtype_str} ({expected_bytes})")
-    if expected_bytes == 0:
+        raise ProtocolError(f"{name}: {len(data)} bytes of data for shape {shape} of {dtype_str} in {codec} "
+                            f"({expected_bytes})")
+    if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(bytearray(data), dtype=storage_dtype)
-    return flat.view(dtype).reshape(shape)
+    return codecs.decode(data, codec, dtype, numel).reshape(shape)

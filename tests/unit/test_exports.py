@@ -3,7 +3,8 @@ import bloompeer
 
 def test_public_names_are_pinned():
     assert sorted(bloompeer.__all__) == sorted([
-        "__version__", "BloompeerError", "ClientConfig", "DistributedBloomForCausalLM", "DistributedBloomModel",
+        "__version__", "BloompeerError", "ClientConfig", "DistributedBloomForCausalLM",
+        "DistributedBloomForSequenceClassification", "DistributedBloomModel",
         "ErrorCode", "MissingBlocksError", "NetworkConfig", "NetworkError", "PeerBusyError", "PeerUnavailableError",
         "ProtocolError", "RemoteError",
     ])

@@ -10,7 +10,7 @@ from bloompeer.blocks import BlockSpan, SessionCache
 from bloompeer.p2p import ErrorCode, ProtocolError, Step
 from bloompeer.peer.server.compute import ComputeWorker
 from bloompeer.peer.server.memory import CacheBudget
-from bloompeer.peer.server.scheduler import Priority, Scheduler
+from bloompeer.peer.server.scheduler import Scheduler
 from bloompeer.peer.server.sessions import SessionRegistry
 
 CONFIG = BloomConfig(vocab_size=100, hidden_size=32, n_layer=2, n_head=4)
@@ -123,9 +123,9 @@ async def test_batches_respect_max_batch_tokens_and_inference_goes_first(span, c
     passes = []
     original = span.forward_segments
 
-    def recording(segments, start=None, end=None):
+    def recording(segments, start=None, end=None, prompts=None):
         passes.append(sum(s.hidden.shape[0] * s.hidden.shape[1] for s in segments))
-        return original(segments, start, end)
+        return original(segments, start, end, prompts)
 
     monkeypatch.setattr(span, "forward_segments", recording)
     blocker = asyncio.Event()
@@ -139,7 +139,7 @@ async def test_batches_respect_max_batch_tokens_and_inference_goes_first(span, c
             order.append(name)
 
         caches = [_session(span, batch=3, cached=0) for _ in range(4)]
-        jobs = [tracked("forward", scheduler.forward(torch.randn(1, 4, 32), None, 0, 2, Priority.FORWARD))]
+        jobs = [tracked("forward", scheduler.forward(torch.randn(1, 4, 32), None, 0, 2))]
         jobs += [tracked(f"step{i}", scheduler.step(c, Step(0, torch.randn(3, 1, 32)))) for i, c in enumerate(caches)]
         jobs = asyncio.gather(*jobs)
         await asyncio.sleep(0.05)

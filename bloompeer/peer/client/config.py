@@ -21,3 +21,4 @@ class ClientConfig:
     push: bool = True  # servers pass each step's output straight to the next server (see benchmarks/inference.py)
     verify_fraction: float = 0.0  # share of each span's steps recomputed elsewhere to catch a lying server
     trusted_servers: tuple[str, ...] = ()  # if set, only these peer ids (base58) are ever used
+    wire_codec: str = "raw"  # how forward/backward activations and gradients travel: raw, float16, bfloat16, int8-blockwise

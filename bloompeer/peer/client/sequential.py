@@ -1,12 +1,19 @@
-"""A full forward through every block (no cache kept), span by span, routing around failures.
+"""Full forwards and backwards through every block (no cache kept), span by span, routing around
+failures; and the autograd Function that makes the remote blocks part of a torch graph.
 
-The input of each span is known when it is sent, so a span that fails is simply routed again
-(its server banned for a while) and the same input is sent to the new route.
+The input of each span is known when it is sent, so a span that fails is simply routed again (its
+server banned for a while) and the same input is sent to the new route. The forward records what
+each span received; the backward sends it back with the output gradient, in reverse order. When a
+span fails during the backward, its blocks are routed again, the forward is recomputed through the
+new pieces to get their inputs, and the backward goes through them instead.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from hivemind.p2p import P2P
@@ -14,31 +21,114 @@ from hivemind.p2p import P2P
 from ...p2p import RemoteError
 from .config import ClientConfig
 from .errors import MissingBlocksError
-from .span_session import remote_forward
+from .routing import SpanRoute
+from .span_session import remote_backward, remote_forward
 from .swarm import SwarmView
 
-__all__ = ["forward_through_swarm"]
+__all__ = ["SwarmSequential", "ThroughSwarm"]
+
+T = TypeVar("T")
 
 
-async def forward_through_swarm(p2p: P2P, swarm: SwarmView, config: ClientConfig, hidden: torch.Tensor,
-                                padding_mask: torch.Tensor | None) -> torch.Tensor:
-    """hidden: [batch, length, hidden_size] after the embeddings -> the last block's output."""
-    route = await swarm.route(timeout_s=config.missing_blocks_timeout_s, poll_period_s=config.poll_period_s)
-    deadline, error = None, None
-    while route:
-        piece = route[0]
+@dataclass(frozen=True)
+class _Piece:
+    """One span of a forward: where it ran and what it received (kept for the backward)."""
+
+    route: SpanRoute
+    hidden: torch.Tensor
+
+
+class SwarmSequential:
+    """Forward and backward of whole sequences through blocks of the swarm (async; client loop)."""
+
+    def __init__(self, p2p: P2P, swarm: SwarmView, config: ClientConfig):
+        self.p2p, self.swarm, self.config = p2p, swarm, config
+
+    @staticmethod
+    def _prompts_for(prompts: torch.Tensor | None, route: SpanRoute) -> torch.Tensor | None:
+        return None if prompts is None else prompts[route.start:route.end]
+
+    async def forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None,
+                      prompts: torch.Tensor | None = None, start: int = 0,
+                      end: int | None = None) -> tuple[torch.Tensor, list[_Piece]]:
+        """hidden entering block `start` -> hidden leaving block `end` - 1, and the pieces it went through.
+
+        prompts: [num_blocks of the model, batch, prompt_length, hidden] deep prompts, or None.
+        """
+        end = self.swarm.num_blocks if end is None else end
+        pieces: list[_Piece] = []
+        while start < end:
+            async def run(piece: SpanRoute) -> torch.Tensor:
+                return await remote_forward(self.p2p, piece, self.swarm.model_uid, hidden, padding_mask,
+                                            self.config.request_timeout_s, self._prompts_for(prompts, piece),
+                                            self.config.wire_codec)
+
+            piece, output = await self._first_piece(start, end, run)
+            pieces.append(_Piece(piece, hidden))
+            hidden, start = output, piece.end
+        return hidden, pieces
+
+    async def backward(self, pieces: list[_Piece], grad_output: torch.Tensor, padding_mask: torch.Tensor | None,
+                       prompts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Gradients of the first piece's input, and of the deep prompts, for the last piece's output gradient."""
+        grad_prompts = None if prompts is None else torch.zeros_like(prompts)
+        for piece in reversed(pieces):
+            grad_output = await self._backward_piece(piece, grad_output, padding_mask, prompts, grad_prompts)
+        return grad_output, grad_prompts
+
+    async def _backward_piece(self, piece: _Piece, grad_output: torch.Tensor, padding_mask: torch.Tensor | None,
+                              prompts: torch.Tensor | None, grad_prompts: torch.Tensor | None) -> torch.Tensor:
         try:
-            hidden = await remote_forward(p2p, piece, swarm.model_uid, hidden, padding_mask, config.request_timeout_s)
-            route = route[1:]
-            continue
+            grad_hidden, piece_grad_prompts = await remote_backward(
+                self.p2p, piece.route, self.swarm.model_uid, piece.hidden, grad_output, padding_mask,
+                self.config.request_timeout_s, self._prompts_for(prompts, piece.route), self.config.wire_codec)
         except RemoteError as exc:
-            swarm.bans.ban(exc.peer, str(exc))
-            error = exc
-        deadline = deadline or time.monotonic() + config.recovery_timeout_s
-        remaining_s = deadline - time.monotonic()
-        if remaining_s <= 0:
-            raise MissingBlocksError(swarm.model_uid, list(range(piece.start, piece.end)), config.recovery_timeout_s,
-                                     str(error))
-        route = await swarm.route(piece.start, swarm.num_blocks, timeout_s=remaining_s,
-                                  poll_period_s=config.poll_period_s)
-    return hidden
+            self.swarm.bans.ban(exc.peer, str(exc))
+            # the blocks of the failed piece, on new servers: their inputs first, then back through them
+            _, pieces = await self.forward(piece.hidden, padding_mask, prompts, piece.route.start, piece.route.end)
+            for new_piece in reversed(pieces):
+                grad_output = await self._backward_piece(new_piece, grad_output, padding_mask, prompts, grad_prompts)
+            return grad_output
+        if piece_grad_prompts is not None:
+            grad_prompts[piece.route.start:piece.route.end] += piece_grad_prompts
+        return grad_hidden
+
+    async def _first_piece(self, start: int, end: int,
+                           run: Callable[[SpanRoute], Awaitable[T]]) -> tuple[SpanRoute, T]:
+        """Run the first piece of the best route through [start, end); on failure, ban its server and
+        try the next best route, until the recovery timeout."""
+        deadline, error = None, None
+        timeout_s = self.config.missing_blocks_timeout_s
+        while True:
+            route = await self.swarm.route(start, end, timeout_s=timeout_s, poll_period_s=self.config.poll_period_s)
+            try:
+                return route[0], await run(route[0])
+            except RemoteError as exc:
+                self.swarm.bans.ban(exc.peer, str(exc))
+                error = exc
+            deadline = deadline or time.monotonic() + self.config.recovery_timeout_s
+            timeout_s = deadline - time.monotonic()
+            if timeout_s <= 0:
+                raise MissingBlocksError(self.swarm.model_uid, list(range(start, route[0].end)),
+                                         self.config.recovery_timeout_s, str(error))
+
+
+class ThroughSwarm(torch.autograd.Function):
+    """The swarm's blocks as one differentiable function of the hidden states and deep prompts."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, prompts: torch.Tensor | None, run, padding_mask) -> torch.Tensor:
+        """run: a callable taking a coroutine and returning its result (the client's loop)."""
+        sequential, runtime_run = run
+        output, pieces = runtime_run(sequential.forward(hidden.detach(), padding_mask,
+                                                        None if prompts is None else prompts.detach()))
+        ctx.run, ctx.pieces, ctx.padding_mask = run, pieces, padding_mask
+        ctx.prompts = None if prompts is None else prompts.detach()
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        sequential, runtime_run = ctx.run
+        grad_hidden, grad_prompts = runtime_run(
+            sequential.backward(ctx.pieces, grad_output.contiguous(), ctx.padding_mask, ctx.prompts))
+        return grad_hidden, grad_prompts, None, None

@@ -12,13 +12,13 @@ import torch
 from hivemind.p2p import P2P, P2PDaemonError, PeerID
 
 from ...p2p import (
-    FORWARD_PROTOCOL, INFERENCE_PROTOCOL, CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Message, OpenSession,
-    PeerUnavailableError, ProtocolError, RemoteError, SessionReady, Step, StepOutput, decode_message, read_frame,
-    remote_error, write_frame,
+    BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, BackwardRequest, CloseSession, ErrorCode, ErrorFrame,
+    ForwardRequest, Gradients, Message, OpenSession, PeerUnavailableError, ProtocolError, RemoteError, SessionReady,
+    Step, StepOutput, decode_message, read_frame, remote_error, write_frame,
 )
 from .routing import SpanRoute
 
-__all__ = ["SpanStream", "SpanInferenceSession", "remote_forward"]
+__all__ = ["SpanStream", "SpanInferenceSession", "remote_backward", "remote_forward"]
 
 
 class SpanStream:
@@ -119,15 +119,36 @@ class SpanInferenceSession:
 
 
 async def remote_forward(p2p: P2P, route: SpanRoute, model_uid: str, hidden: torch.Tensor,
-                         padding_mask: torch.Tensor | None, timeout_s: float) -> torch.Tensor:
-    """One full forward of `hidden` through the route's span, on a stream of its own."""
-    stream = await SpanStream.connect(p2p, route, FORWARD_PROTOCOL, timeout_s)
+                         padding_mask: torch.Tensor | None, timeout_s: float, prompts: torch.Tensor | None = None,
+                         codec: str = "raw") -> torch.Tensor:
+    """One full forward of `hidden` through the route's span, on a stream of its own; tensors both
+    ways packed with `codec`."""
+    request = ForwardRequest(model_uid, route.start, route.end, hidden, padding_mask, prompts, codec, codec)
+    reply = await _request_once(p2p, route, FORWARD_PROTOCOL, request, StepOutput, timeout_s)
+    return _checked_output(reply.hidden, hidden, route)
+
+
+async def remote_backward(p2p: P2P, route: SpanRoute, model_uid: str, hidden: torch.Tensor,
+                          grad_output: torch.Tensor, padding_mask: torch.Tensor | None, timeout_s: float,
+                          prompts: torch.Tensor | None = None,
+                          codec: str = "raw") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gradients of the span's input (and deep prompts) for `grad_output`, from the route's server."""
+    request = BackwardRequest(model_uid, route.start, route.end, hidden, grad_output, padding_mask, prompts, codec,
+                              codec)
+    reply = await _request_once(p2p, route, BACKWARD_PROTOCOL, request, Gradients, timeout_s)
+    grad_prompts = reply.grad_prompts
+    if (prompts is None) != (grad_prompts is None) or (prompts is not None and grad_prompts.shape != prompts.shape):
+        raise _misbehaved(route, "returned gradients that do not match the prompts sent")
+    return _checked_output(reply.grad_hidden, hidden, route), grad_prompts
+
+
+async def _request_once(p2p: P2P, route: SpanRoute, protocol: str, request: Message, expected: type[Message],
+                        timeout_s: float) -> Message:
+    stream = await SpanStream.connect(p2p, route, protocol, timeout_s)
     try:
-        reply = await stream.request(
-            ForwardRequest(model_uid, route.start, route.end, hidden, padding_mask), StepOutput)
+        return await stream.request(request, expected)
     finally:
         await stream.close()
-    return _checked_output(reply.hidden, hidden, route)
 
 
 def _checked_output(output: torch.Tensor, sent: torch.Tensor, route: SpanRoute) -> torch.Tensor:

@@ -16,7 +16,7 @@ from ...p2p import PeerNode
 from .config import ClientConfig
 from .inference_session import InferenceSession
 from .runtime import ClientRuntime
-from .sequential import forward_through_swarm
+from .sequential import SwarmSequential, ThroughSwarm
 from .swarm import SwarmView
 from .verification import LocalBlocks, OutputVerifier
 
@@ -29,6 +29,7 @@ class SwarmClient:
     def __init__(self, runtime: ClientRuntime, node: PeerNode, swarm: SwarmView, config: ClientConfig,
                  verifier: OutputVerifier | None):
         self.runtime, self.node, self.swarm, self.config, self.verifier = runtime, node, swarm, config, verifier
+        self.sequential = SwarmSequential(node.p2p, swarm, config)
         self._refresher = runtime.run(self._start_refresher())
 
     async def _start_refresher(self) -> asyncio.Task:
@@ -62,9 +63,11 @@ class SwarmClient:
     def close_session(self, session: InferenceSession) -> None:
         self.runtime.run(session.close())
 
-    def forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """A full forward through every block, with no cache kept on the servers."""
-        return self.runtime.run(forward_through_swarm(self.node.p2p, self.swarm, self.config, hidden, padding_mask))
+    def forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None,
+                prompts: torch.Tensor | None = None) -> torch.Tensor:
+        """A full forward through every block, with no cache kept on the servers, differentiable with
+        respect to `hidden` and the deep `prompts` ([num_blocks, batch, prompt_length, hidden])."""
+        return ThroughSwarm.apply(hidden, prompts, (self.sequential, self.runtime.run), padding_mask)
 
 
     def shutdown(self) -> None:

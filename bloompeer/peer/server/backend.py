@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import torch
 
 from ...blocks import BlockSpan, SessionCache
-from ...p2p import ErrorCode, ForwardRequest, Message, OpenSession, ProtocolError, Step
+from ...p2p import BackwardRequest, ErrorCode, ForwardRequest, Message, OpenSession, ProtocolError, Step
 from .config import ServerConfig
 from .scheduler import Scheduler
 from .sessions import Session, SessionRegistry
@@ -90,9 +90,28 @@ class SpanBackend:
         finally:
             session.touch()
 
-    async def forward(self, request: ForwardRequest) -> torch.Tensor:
+    def _check_whole_sequences(self, request: ForwardRequest | BackwardRequest) -> None:
         self._check_serving(request.model, request.start, request.end)
         self._check_hidden(request.hidden, request.padding_mask)
         self._check_limit("batch", request.hidden.shape[0], self.config.max_batch)
         self._check_limit("length", request.hidden.shape[1], self.config.max_length)
-        return await self.scheduler.forward(request.hidden, request.padding_mask, request.start, request.end)
+        prompts = request.prompts
+        if prompts is not None and (prompts.ndim != 4 or prompts.shape[0] != request.end - request.start
+                                    or prompts.shape[1] != request.hidden.shape[0]
+                                    or prompts.shape[2] > request.hidden.shape[1]
+                                    or prompts.shape[3] != self.hidden_size):
+            raise ProtocolError(f"prompts must be [{request.end - request.start} blocks, batch, prompt length <= "
+                                f"{request.hidden.shape[1]}, {self.hidden_size}], got {list(prompts.shape)}")
+
+    async def forward(self, request: ForwardRequest) -> torch.Tensor:
+        self._check_whole_sequences(request)
+        return await self.scheduler.forward(request.hidden, request.padding_mask, request.start, request.end,
+                                            request.prompts)
+
+    async def backward(self, request: BackwardRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Gradients of the span's input (and deep prompts) for the given output gradient."""
+        self._check_whole_sequences(request)
+        if request.grad_output.shape != request.hidden.shape:
+            raise ProtocolError(f"grad_output must be shaped like hidden {list(request.hidden.shape)}, "
+                                f"got {list(request.grad_output.shape)}")
+        return await self.scheduler.backward(request)

@@ -15,8 +15,8 @@ from typing import Any
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from ...p2p import (
-    CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Message, OpenSession, ProtocolError, PushStep, ServerInfo,
-    SessionReady, Step, StepOutput, decode_message, read_frame, write_frame,
+    BackwardRequest, CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Gradients, Message, OpenSession,
+    ProtocolError, PushStep, ServerInfo, SessionReady, Step, StepOutput, decode_message, read_frame, write_frame,
 )
 from .backend import SpanBackend
 from .push import PushSender
@@ -164,11 +164,15 @@ async def handle_push_stream(backend: SpanBackend, pusher: PushSender, context: 
 
 
 async def handle_forward_stream(backend: SpanBackend, context: StreamInfo, reader, writer) -> None:
+    """Full forwards and backwards of whole sequences (one protocol name each, one handler)."""
     peer_id_str = context.peer_id.to_base58()
 
     async def handle(frame: dict[str, Any]) -> Message:
-        request = decode_message(frame, ForwardRequest)
-        return StepOutput(await backend.forward(request))
+        request = decode_message(frame, ForwardRequest, BackwardRequest)
+        if isinstance(request, ForwardRequest):
+            return StepOutput(await backend.forward(request), codec=request.output_codec)
+        grad_hidden, grad_prompts = await backend.backward(request)
+        return Gradients(grad_hidden, grad_prompts, codec=request.output_codec)
 
     async def send(message: Message) -> None:
         await write_frame(writer, message.to_wire())

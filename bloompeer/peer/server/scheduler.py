@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ...blocks import BlockSpan, Segment, SessionCache
-from ...p2p import ErrorCode, ProtocolError, Step
+from ...p2p import BackwardRequest, ErrorCode, ProtocolError, Step
 from .compute import ComputeWorker
 
 __all__ = ["Priority", "Scheduler"]
@@ -46,7 +46,7 @@ class _Work:
     group: tuple = field(compare=False)
     rows: int = field(compare=False)
     segment: Callable[[], Segment] | None = field(compare=False, default=None)  # on the compute thread
-    run: Callable[[], torch.Tensor] | None = field(compare=False, default=None)  # on the compute thread
+    run: Callable[[], Any] | None = field(compare=False, default=None)  # on the compute thread
     rollback: Callable[[], None] = field(compare=False, default=lambda: None)
     finish: Callable[[torch.Tensor], torch.Tensor] = field(compare=False, default=lambda output: output)
     future: asyncio.Future = field(compare=False, default=None)
@@ -97,19 +97,47 @@ class Scheduler:
                      step.hidden.shape[0] * num_new, segment=segment, rollback=rollback,
                      finish=lambda output: output.to("cpu", step.hidden.dtype))
 
-    async def forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None, start: int, end: int,
-                      priority: Priority = Priority.FORWARD) -> torch.Tensor:
-        """A full forward (no cache kept) of blocks [start, end)."""
+    def _check_rows(self, hidden: torch.Tensor) -> int:
         rows = hidden.shape[0] * hidden.shape[1]
         if rows > self.max_batch_tokens:
             raise ProtocolError(f"{rows} rows (batch x length) exceed this server's {self.max_batch_tokens} rows "
                                 f"per pass; send fewer sequences per request", ErrorCode.TOO_LARGE)
+        return rows
+
+    def _on_device(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        if tensor is None:
+            return None
+        return tensor.to(self.device, self.dtype if tensor.is_floating_point() else tensor.dtype)
+
+    async def forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None, start: int, end: int,
+                      prompts: torch.Tensor | None = None) -> torch.Tensor:
+        """A full forward (no cache kept) of blocks [start, end)."""
+        rows = self._check_rows(hidden)
 
         def run() -> torch.Tensor:
-            mask = None if padding_mask is None else padding_mask.to(self.device)
-            return self.span(hidden.to(self.device, self.dtype), mask, None, start, end).to("cpu", hidden.dtype)
+            output = self.span(self._on_device(hidden), self._on_device(padding_mask), None, start, end,
+                               self._on_device(prompts))
+            return output.to("cpu", hidden.dtype)
 
-        return await self._submit(_Work(priority, next(self._order), ("forward",), rows, run=run))
+        return await self._submit(_Work(Priority.FORWARD, next(self._order), ("forward",), rows, run=run))
+
+    async def backward(self, request: BackwardRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Gradients with respect to the span's input and deep prompts: the forward is recomputed
+        with autograd (the weights are frozen, so no gradient of theirs is even computed)."""
+        rows = self._check_rows(request.hidden)
+
+        def run() -> tuple[torch.Tensor, torch.Tensor | None]:
+            hidden = self._on_device(request.hidden).requires_grad_()
+            prompts = self._on_device(request.prompts)
+            inputs = [hidden] if prompts is None else [hidden, prompts.requires_grad_()]
+            with torch.enable_grad():
+                output = self.span(hidden, self._on_device(request.padding_mask), None, request.start, request.end,
+                                   prompts)
+                grads = torch.autograd.grad(output, inputs, self._on_device(request.grad_output))
+            grad_prompts = None if prompts is None else grads[1].to("cpu", request.prompts.dtype)
+            return grads[0].to("cpu", request.hidden.dtype), grad_prompts
+
+        return await self._submit(_Work(Priority.BACKWARD, next(self._order), ("backward",), rows, run=run))
 
     async def _submit(self, work: _Work) -> torch.Tensor:
         work.future = asyncio.get_running_loop().create_future()
@@ -155,7 +183,7 @@ class Scheduler:
 
     def _execute(self, batch: list[_Work]) -> list[tuple[Any, BaseException | None]]:
         """On the compute thread: one pass for the batch, or each work alone if the pass fails."""
-        with torch.inference_mode():
+        with torch.inference_mode(batch[0].priority is not Priority.BACKWARD):
             if len(batch) > 1:
                 try:
                     outputs = self.span.forward_segments([work.segment() for work in batch], *batch[0].group[1:])

@@ -19,8 +19,8 @@ import torch
 from ..._version import __version__
 from ...blocks import BlockSpan, Checkpoint, SessionCache, open_checkpoint
 from ...p2p import (
-    FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, PeerNode, ServerInfo, ServerRecord, ServerState,
-    get_dht_time,
+    BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, PeerNode, ServerInfo,
+    ServerRecord, ServerState, get_dht_time,
 )
 from .backend import SpanBackend
 from .block_choice import choose_blocks
@@ -94,6 +94,7 @@ class Server:
             INFERENCE_PROTOCOL: functools.partial(handle_inference_stream, self.backend, self.pusher),
             PUSH_PROTOCOL: functools.partial(handle_push_stream, self.backend, self.pusher),
             FORWARD_PROTOCOL: functools.partial(handle_forward_stream, self.backend),
+            BACKWARD_PROTOCOL: functools.partial(handle_forward_stream, self.backend),
             INFO_PROTOCOL: functools.partial(handle_info_stream, self.info),
         }
         for name, handler in handlers.items():

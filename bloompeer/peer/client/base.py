@@ -1,0 +1,181 @@
+"""What every distributed BLOOM model class shares: the client's part of the model, loading it
+from a checkpoint, joining the swarm, and the trainable prompts of prompt tuning.
+
+The client holds the word embeddings, their layernorm and the final layernorm; every block in
+between runs on servers. With tuning_mode="ptune", `pre_seq_len` trainable prompt embeddings are
+put before the input; with "deep_ptune", trainable prompts are also added to those positions
+before every block (the servers add them; their weights stay frozen).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+from transformers import BloomConfig, GenerationConfig
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+from transformers.models.bloom.modeling_bloom import BloomPreTrainedModel
+
+from ...blocks import CLIENT_TENSOR_PREFIXES, open_checkpoint
+from ...p2p import NetworkConfig
+from .config import ClientConfig
+from .inference_session import InferenceSession
+from .remote_cache import RemoteCache
+from .swarm_client import SwarmClient
+
+__all__ = ["DistributedBloomModel", "DistributedModelMixin", "TUNING_MODES"]
+
+TUNING_MODES = (None, "ptune", "deep_ptune")
+
+
+def _wire_padding_mask(attention_mask: torch.Tensor | None, num_new: int) -> torch.Tensor | None:
+    """The new tokens' padding mask as servers take it: bool, or None when nothing is padding."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, -num_new:].bool()
+    return None if bool(mask.all()) else mask
+
+
+class DistributedBloomModel(BloomPreTrainedModel):
+    """BloomModel with remote blocks: embeddings (+ prompts) -> swarm -> final layernorm."""
+
+    def __init__(self, config: BloomConfig, tuning_mode: str | None = None, pre_seq_len: int = 0):
+        super().__init__(config)
+        if tuning_mode not in TUNING_MODES or (tuning_mode is not None and pre_seq_len < 1):
+            raise ValueError(f"tuning_mode must be one of {TUNING_MODES}, with pre_seq_len >= 1 for prompt tuning")
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.word_embeddings_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.tuning_mode, self.pre_seq_len = tuning_mode, pre_seq_len if tuning_mode else 0
+        if tuning_mode:
+            self.prompt_embeddings = nn.Embedding(pre_seq_len, config.hidden_size)
+        if tuning_mode == "deep_ptune":
+            self.intermediate_prompt_embeddings = nn.Embedding(pre_seq_len, config.n_layer * config.hidden_size)
+        self.swarm: SwarmClient | None = None
+        self.active_session: InferenceSession | None = None
+        self.post_init()
+
+    def init_prompts(self) -> None:
+        """Input prompts like word embeddings; deep prompts at zero (so they start as plain ptune)."""
+        if self.tuning_mode:
+            nn.init.normal_(self.prompt_embeddings.weight, std=self.config.initializer_range)
+        if self.tuning_mode == "deep_ptune":
+            nn.init.zeros_(self.intermediate_prompt_embeddings.weight)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.word_embeddings
+
+    def set_input_embeddings(self, new_embeddings: nn.Embedding) -> None:
+        self.word_embeddings = new_embeddings
+
+    def _with_prompts(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None):
+        """Prepend the input prompts; the deep prompts as servers take them ([blocks, batch, k, hidden])."""
+        if not self.tuning_mode:
+            return inputs_embeds, attention_mask, None
+        batch, k = inputs_embeds.shape[0], self.pre_seq_len
+        prompts = self.prompt_embeddings.weight.to(inputs_embeds.dtype).expand(batch, -1, -1)
+        inputs_embeds = torch.cat([prompts, inputs_embeds], dim=1)
+        if attention_mask is not None:
+            attention_mask = torch.cat([attention_mask.new_ones(batch, k), attention_mask], dim=1)
+        deep = None
+        if self.tuning_mode == "deep_ptune":
+            weight = self.intermediate_prompt_embeddings.weight.to(inputs_embeds.dtype)
+            deep = weight.view(k, self.config.n_layer, -1).permute(1, 0, 2)[:, None].expand(-1, batch, -1, -1)
+        return inputs_embeds, attention_mask, deep
+
+    def forward(self, input_ids=None, cache=None, attention_mask=None, inputs_embeds=None, use_cache=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+        """Hidden states after the last block and ln_f (prompt positions removed)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if output_attentions or output_hidden_states:
+            raise ValueError("attentions and per-block hidden states stay on the servers")
+        if cache is not None and not isinstance(cache, RemoteCache):
+            raise ValueError("a distributed model keeps its cache on the servers: use generate() or "
+                             "model.inference_session() instead of passing a cache")
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        session = cache.session if isinstance(cache, RemoteCache) else self.active_session
+        if session is not None:
+            if self.tuning_mode:
+                raise NotImplementedError("generation with trained prompts is not supported yet; use forward()")
+            hidden = self.word_embeddings_layernorm(inputs_embeds)  # [batch, new, hidden]
+            hypo_ids = cache.take_hypo_ids() if isinstance(cache, RemoteCache) else None
+            hidden = self.swarm.step(session, hidden, _wire_padding_mask(attention_mask, hidden.shape[1]), hypo_ids)
+        else:
+            inputs_embeds, attention_mask, deep_prompts = self._with_prompts(inputs_embeds, attention_mask)
+            hidden = self.word_embeddings_layernorm(inputs_embeds)
+            hidden = self.swarm.forward(hidden, _wire_padding_mask(attention_mask, hidden.shape[1]), deep_prompts)
+            hidden = hidden[:, self.pre_seq_len:]
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=self.ln_f(hidden), cache=cache)
+
+
+class DistributedModelMixin:
+    """from_pretrained, the swarm connection and its lifetime, for the distributed model classes."""
+
+    transformer: DistributedBloomModel
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, *, initial_peers: tuple[str, ...] | list[str] = (),
+                        dtype: torch.dtype = torch.float32, client_config: ClientConfig | None = None,
+                        verify_fraction: float | None = None, trusted_servers: tuple[str, ...] | None = None,
+                        tuning_mode: str | None = None, pre_seq_len: int = 0, revision: str | None = None,
+                        cache_dir: str | None = None, **model_kwargs):
+        """Load the client's tensors of a checkpoint (directory or hub name) and join the swarm.
+
+        Only the shards holding the embeddings and layernorms are read (or downloaded); the blocks
+        stay remote. `initial_peers` are multiaddrs of peers in the swarm; `client_config` holds
+        every network and timeout setting (initial_peers is then ignored). `verify_fraction`: the
+        share of steps recomputed elsewhere to catch a lying server; `trusted_servers`: peer ids to
+        use exclusively. `tuning_mode` ("ptune" or "deep_ptune") with `pre_seq_len` adds trainable
+        prompts. Other keyword arguments go to the class (e.g. num_labels for classification).
+        """
+        checkpoint = open_checkpoint(name_or_path, revision, cache_dir)
+        config = checkpoint.config()
+        for name, value in model_kwargs.items():
+            setattr(config, name, value)
+        tensors = checkpoint.load_tensors(CLIENT_TENSOR_PREFIXES, dtype, desc="embeddings and layernorms")
+        if client_config is None:
+            client_config = ClientConfig(network=NetworkConfig(initial_peers=tuple(initial_peers), client_mode=True))
+        if verify_fraction is not None:
+            client_config = dataclasses.replace(client_config, verify_fraction=verify_fraction)
+        if trusted_servers is not None:
+            client_config = dataclasses.replace(client_config, trusted_servers=tuple(trusted_servers))
+        model = cls(config, tuning_mode=tuning_mode, pre_seq_len=pre_seq_len)  # its own tensors are initialised
+        state = {f"transformer.{name}": tensor for name, tensor in tensors.items() if not name.startswith("lm_head.")}
+        unexpected = model.load_state_dict(state, strict=False).unexpected_keys
+        if unexpected:
+            raise ValueError(f"{name_or_path} has tensors this model does not know: {unexpected}")
+        model.transformer.init_prompts()
+        model.tie_to_embeddings()
+        if checkpoint.has_file("generation_config.json"):
+            model.generation_config = GenerationConfig.from_pretrained(checkpoint.file("generation_config.json").parent)
+        model.transformer.swarm = SwarmClient.connect(checkpoint, dtype, client_config)
+        model.transformer.requires_grad_(False)  # the model's own weights are not trained ...
+        for trainable in model.trainable_modules():  # ... only prompts and heads
+            trainable.requires_grad_(True)
+        return model.to(dtype).eval()
+
+    def tie_to_embeddings(self) -> None:
+        """Share weights with the word embeddings (the LM head does)."""
+
+    def trainable_modules(self) -> list[nn.Module]:
+        transformer = self.transformer
+        return [getattr(transformer, name) for name in ("prompt_embeddings", "intermediate_prompt_embeddings")
+                if hasattr(transformer, name)]
+
+    @property
+    def swarm(self) -> SwarmClient:
+        return self.transformer.swarm
+
+    def shutdown(self) -> None:
+        """Leave the swarm: close the network peer and its event loop thread. Idempotent."""
+        if self.swarm is not None:
+            self.swarm.shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
