@@ -22,3 +22,4 @@ class ClientConfig:
     verify_fraction: float = 0.0  # share of each span's steps recomputed elsewhere to catch a lying server
     trusted_servers: tuple[str, ...] = ()  # if set, only these peer ids (base58) are ever used
     wire_codec: str = "raw"  # how forward/backward activations and gradients travel: raw, float16, bfloat16, int8-blockwise
+    max_rows_per_request: int = 2048  # a larger forward or backward batch (batch x length) is sent in parts

@@ -5,7 +5,8 @@ The input of each span is known when it is sent, so a span that fails is simply 
 server banned for a while) and the same input is sent to the new route. The forward records what
 each span received; the backward sends it back with the output gradient, in reverse order. When a
 span fails during the backward, its blocks are routed again, the forward is recomputed through the
-new pieces to get their inputs, and the backward goes through them instead.
+new pieces to get their inputs, and the backward goes through them instead. A batch too large for
+one request travels as several.
 """
 
 from __future__ import annotations
@@ -113,22 +114,49 @@ class SwarmSequential:
                                          self.config.recovery_timeout_s, str(error))
 
 
+def _batch_chunks(batch: int, length: int, max_rows: int) -> list[slice]:
+    """Slices of the batch with at most max_rows rows (batch x length) each (one sequence at least)."""
+    per_chunk = max(1, max_rows // max(1, length))
+    return [slice(begin, min(batch, begin + per_chunk)) for begin in range(0, batch, per_chunk)]
+
+
+def _rows(tensor: torch.Tensor | None, chunk: slice, batch_dim: int = 0) -> torch.Tensor | None:
+    if tensor is None:
+        return None
+    return tensor[chunk] if batch_dim == 0 else tensor[:, chunk]
+
+
 class ThroughSwarm(torch.autograd.Function):
-    """The swarm's blocks as one differentiable function of the hidden states and deep prompts."""
+    """The swarm's blocks as one differentiable function of the hidden states and deep prompts.
+
+    A batch larger than the client's max_rows_per_request travels as several requests (of whole
+    sequences), forward and backward alike.
+    """
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, prompts: torch.Tensor | None, run, padding_mask) -> torch.Tensor:
-        """run: a callable taking a coroutine and returning its result (the client's loop)."""
+        """run: (SwarmSequential, a callable that runs a coroutine on the client's loop)."""
         sequential, runtime_run = run
-        output, pieces = runtime_run(sequential.forward(hidden.detach(), padding_mask,
-                                                        None if prompts is None else prompts.detach()))
-        ctx.run, ctx.pieces, ctx.padding_mask = run, pieces, padding_mask
-        ctx.prompts = None if prompts is None else prompts.detach()
-        return output
+        prompts = None if prompts is None else prompts.detach()
+        chunks = _batch_chunks(hidden.shape[0], hidden.shape[1], sequential.config.max_rows_per_request)
+        outputs, ctx.pieces = [], []
+        for chunk in chunks:
+            output, pieces = runtime_run(sequential.forward(hidden.detach()[chunk], _rows(padding_mask, chunk),
+                                                            _rows(prompts, chunk, batch_dim=1)))
+            outputs.append(output)
+            ctx.pieces.append(pieces)
+        ctx.run, ctx.chunks, ctx.padding_mask, ctx.prompts = run, chunks, padding_mask, prompts
+        return torch.cat(outputs)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         sequential, runtime_run = ctx.run
-        grad_hidden, grad_prompts = runtime_run(
-            sequential.backward(ctx.pieces, grad_output.contiguous(), ctx.padding_mask, ctx.prompts))
-        return grad_hidden, grad_prompts, None, None
+        grads_hidden, grads_prompts = [], []
+        for chunk, pieces in zip(ctx.chunks, ctx.pieces):
+            grad_hidden, grad_prompts = runtime_run(sequential.backward(
+                pieces, grad_output[chunk].contiguous(), _rows(ctx.padding_mask, chunk),
+                _rows(ctx.prompts, chunk, batch_dim=1)))
+            grads_hidden.append(grad_hidden)
+            grads_prompts.append(grad_prompts)
+        grad_prompts = None if ctx.prompts is None else torch.cat(grads_prompts, dim=1)
+        return torch.cat(grads_hidden), grad_prompts, None, None
