@@ -36,6 +36,9 @@ def add_generate_parser(commands, add_network_flags) -> None:
     sampling.add_argument("--seed", type=int, default=None, help="random seed, for reproducible sampling")
     generate.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                           help="how long to wait for servers of missing blocks before giving up (60)")
+    generate.add_argument("--push", action="store_true",
+                          help="have each server pass its output straight to the next one (one trip along the chain "
+                               "per token instead of a round trip per server; pays off when servers are far apart)")
     trust = generate.add_argument_group("trust")
     trust.add_argument("--verify-fraction", type=float, default=0.0, metavar="F",
                        help="recompute this fraction of each span's steps on another server (or locally, with a "
@@ -104,7 +107,7 @@ def _generate(args: argparse.Namespace, model_path: str, initial_peers: tuple[st
                             client_mode=True)
     if not 0.0 <= args.verify_fraction <= 1.0:
         raise ValueError("--verify-fraction must be between 0 and 1")
-    config = ClientConfig(network=network, missing_blocks_timeout_s=args.timeout,
+    config = ClientConfig(network=network, missing_blocks_timeout_s=args.timeout, push=args.push,
                           verify_fraction=args.verify_fraction, trusted_servers=tuple(args.trusted_servers))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     inputs = tokenizer(args.prompt, return_tensors="pt")

@@ -23,9 +23,11 @@ def swarm(tiny_checkpoint, tmp_path_factory):
         yield swarm
 
 
-@pytest.fixture(scope="session")
-def model(swarm, tiny_checkpoint):
-    with DistributedBloomForCausalLM.from_pretrained(tiny_checkpoint, initial_peers=swarm.initial_peers) as model:
+@pytest.fixture(scope="session", params=[False, True], ids=["no-push", "push"])
+def model(request, swarm, tiny_checkpoint):
+    """A client of the shared swarm, without and with server-to-server push."""
+    config = ClientConfig(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True), push=request.param)
+    with DistributedBloomForCausalLM.from_pretrained(tiny_checkpoint, client_config=config) as model:
         yield model
 
 

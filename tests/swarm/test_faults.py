@@ -61,10 +61,12 @@ def expected(reference_model):
                                         do_sample=False)
 
 
-@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP", "SIGTERM"])
-def test_generation_survives_a_server_fault(fault, swarm, fresh_model, start_servers, expected):
-    servers = start_servers([(0, 4), (0, 2), (2, 4)])
-    with _client(swarm, fresh_model) as model:
+@pytest.mark.parametrize("fault, push", [("SIGKILL", False), ("SIGSTOP", False), ("SIGTERM", False),
+                                         ("SIGKILL", True)])
+def test_generation_survives_a_server_fault(fault, push, swarm, fresh_model, start_servers, expected):
+    # with push, a route of two spans (push is between servers), and a spare server for each
+    servers = start_servers([(0, 2), (2, 4), (0, 2), (2, 4)] if push else [(0, 4), (0, 2), (2, 4)])
+    with _client(swarm, fresh_model, push=push) as model:
         with torch.inference_mode():  # the fault-free run, through the same swarm
             fault_free = model.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                                         do_sample=False)

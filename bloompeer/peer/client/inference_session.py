@@ -1,9 +1,9 @@
 """An inference session across the whole chain, surviving servers that fail mid-generation.
 
 The client sends each step's hidden states along the route; the servers keep the attention
-caches. With push (the default), the step goes to the first server only, each server sends its
-output straight on to the next one, and every server also sends its output back to the client;
-without push, the client sends it span by span. For every span the client keeps what the span
+caches. Without push (the default), the client sends a step span by span; with push, the step
+goes to the first server only, each server sends its output straight on to the next one, and
+every server also sends its output back to the client. For every span the client keeps what the span
 received. When a server fails (lost stream, error frame, no answer in time), it is banned for a
 while, its blocks are routed again, and the kept inputs are replayed, step by step as first
 sent, to the new servers to rebuild their caches; then the step goes on, span by span. The
