@@ -16,5 +16,6 @@ from .messages import (
     SessionReady, Step, StepOutput, decode_message,
 )
 from .node import NetworkConfig, NetworkError, PeerNode
+from .reachability import reachable_maddrs
 from .records import ServerRecord, ServerState, block_key
 from .tensors import FLOAT_DTYPES, WIRE_DTYPES, dtype_name, tensor_from_wire, tensor_to_wire

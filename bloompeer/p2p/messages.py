@@ -14,6 +14,7 @@ positions) belong to the server, which knows them.
     forward:  client: ForwardRequest  -> server: StepOutput | ErrorFrame
     backward: client: BackwardRequest -> server: Gradients  | ErrorFrame
     info:     server: ServerInfo (as soon as the stream opens)
+    dialback: peer: DialbackRequest -> helper: DialbackResult | ErrorFrame
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .tensors import FLOAT_DTYPES, tensor_from_wire, tensor_to_wire
 
 __all__ = [
     "PROTOCOL_VERSION", "INFO_PROTOCOL", "INFERENCE_PROTOCOL", "FORWARD_PROTOCOL", "BACKWARD_PROTOCOL", "PUSH_PROTOCOL",
-    "Message", "BackwardRequest", "Gradients",
+    "DIALBACK_PROTOCOL", "Message", "BackwardRequest", "DialbackRequest", "DialbackResult", "Gradients",
     "OpenSession", "SessionReady", "Step", "StepOutput", "CloseSession", "ForwardRequest", "ErrorFrame",
     "PushStep", "PushTarget", "ServerInfo", "decode_message",
 ]
@@ -40,6 +41,7 @@ INFERENCE_PROTOCOL = f"bloompeer.inference/{PROTOCOL_VERSION}"
 PUSH_PROTOCOL = f"bloompeer.push/{PROTOCOL_VERSION}"
 FORWARD_PROTOCOL = f"bloompeer.forward/{PROTOCOL_VERSION}"
 BACKWARD_PROTOCOL = f"bloompeer.backward/{PROTOCOL_VERSION}"
+DIALBACK_PROTOCOL = f"bloompeer.dialback/{PROTOCOL_VERSION}"
 
 MAX_STRING_CHARS = 1024
 MAX_WAIT_S = 3600.0  # the longest a client may ask a server to wait for anything
@@ -384,6 +386,46 @@ class ServerInfo(Message):
                                         "sessions"})
         return cls(f.str("model"), f.int("start"), f.int("end"), f.str("state"), f.str("version"), f.str("dtype"),
                    f.int("cache_tokens_left"), f.int("sessions"))
+
+
+MAX_DIALBACK_ADDRS = 8
+
+
+@dataclass(frozen=True)
+class DialbackRequest(Message):
+    """Please try to open TCP connections to these multiaddrs of mine (a reachability check)."""
+
+    TYPE: ClassVar[str] = "dialback"
+    maddrs: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "maddrs": list(self.maddrs)}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> DialbackRequest:
+        f = _Fields(message, cls.TYPE, {"maddrs"})
+        maddrs = message["maddrs"]
+        if (not isinstance(maddrs, list) or len(maddrs) > MAX_DIALBACK_ADDRS
+                or not all(isinstance(m, str) and len(m) <= MAX_STRING_CHARS for m in maddrs)):
+            raise ProtocolError(f"{f.type_name}.maddrs must be at most {MAX_DIALBACK_ADDRS} multiaddr strings")
+        return cls(tuple(maddrs))
+
+
+@dataclass(frozen=True)
+class DialbackResult(Message):
+    TYPE: ClassVar[str] = "dialback_result"
+    reachable: tuple[str, ...]  # the requested multiaddrs that accepted a connection
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "reachable": list(self.reachable)}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> DialbackResult:
+        _Fields(message, cls.TYPE, {"reachable"})
+        reachable = message["reachable"]
+        if not isinstance(reachable, list) or not all(isinstance(m, str) for m in reachable):
+            raise ProtocolError("dialback_result.reachable must be a list of strings")
+        return cls(tuple(reachable))
 
 
 def decode_message(message: dict[str, Any], *expected: type[Message]) -> Message:

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P, P2PDaemonError
 
+from .daemon import start_daemon
 from .dht import BlockDirectory, make_record_validator
 from .errors import BloompeerError
 from .identity import IdentityError, load_rsa_identity
+from .reachability import serve_dialback
 
 __all__ = ["NetworkConfig", "PeerNode", "NetworkError"]
 
@@ -38,6 +40,8 @@ class NetworkConfig:
     announce_maddrs: tuple[str, ...] = ()  # addresses to tell others instead of the listening ones
     identity_path: str | None = None  # private key file; keeps the peer id across restarts
     client_mode: bool = False  # dial out only; answer no DHT queries
+    relay_for_others: bool = False  # serve as a circuit relay for peers behind NAT (the bootstrap peer does)
+    relays: tuple[str, ...] = ()  # we are behind NAT: be reached through these relays (multiaddrs)
     dht_timeout_s: float = 10.0
 
 
@@ -55,16 +59,15 @@ class PeerNode:
             temporary = tempfile.TemporaryDirectory(prefix="bloompeer-identity-")
             identity_path = os.path.join(temporary.name, "identity.key")  # created by P2P.create
         try:
-            p2p = await P2P.create(
-                initial_peers=list(config.initial_peers), host_maddrs=list(config.host_maddrs),
-                announce_maddrs=list(config.announce_maddrs) or None, identity_path=identity_path,
-                dht_mode="client" if config.client_mode else "server",
-            )
+            p2p = await start_daemon(config.initial_peers, config.host_maddrs, config.announce_maddrs, identity_path,
+                                     config.client_mode, config.relay_for_others, config.relays)
         except P2PDaemonError as exc:
             raise NetworkError(f"could not start the libp2p daemon: {exc}") from exc
-        except ValueError as exc:
+        except (ValueError, RuntimeError) as exc:
             raise NetworkError(f"bad network settings: {exc}") from exc
         try:
+            if not config.client_mode:
+                await serve_dialback(p2p)
             signing_key = load_rsa_identity(identity_path) if announcing else None
             validator, subkey = make_record_validator(signing_key)
             dht = await DHTNode.create(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -155,7 +156,7 @@ async def _reachable_first(node) -> list[str]:
 async def run_dht(args: argparse.Namespace) -> int:
     from ..p2p import PeerNode
 
-    node = await PeerNode.create(_network_config(args))
+    node = await PeerNode.create(dataclasses.replace(_network_config(args), relay_for_others=True))
     try:
         maddrs = await _reachable_first(node)
         for maddr in maddrs:
@@ -192,6 +193,7 @@ async def run_serve(args: argparse.Namespace) -> int:
     try:
         for maddr in await _reachable_first(server.node):
             print(maddr, flush=True)
+        print(server.reachability, flush=True)
         print(f"online: serving {server.model_uid} blocks {server.start}:{server.end} as {server.node.peer_id_str}",
               flush=True)
         await stop.wait()

@@ -29,6 +29,7 @@ from .config import ServerConfig
 from .handlers import handle_forward_stream, handle_inference_stream, handle_info_stream, handle_push_stream
 from .memory import CacheBudget, default_cache_bytes
 from .push import PushSender
+from .reachability import join_network
 from .scheduler import Scheduler
 from .sessions import SessionRegistry
 from .throughput import cached_throughput, measure_throughput
@@ -51,6 +52,7 @@ class Server:
         self.backend: SpanBackend | None = None
         self.budget: CacheBudget | None = None
         self.pusher = PushSender(node.p2p)
+        self.reachability, self.relayed = "reachability: not checked", False
         self._tasks: list[asyncio.Task] = []  # announcer, scheduler, idle-session reaper
         self._handlers: list[str] = []
 
@@ -65,8 +67,9 @@ class Server:
         if config.start is None and not 0 < config.num_blocks <= num_blocks:
             raise ValueError(f"--num-blocks {config.num_blocks} is not between 1 and {checkpoint.model_uid}'s "
                              f"{num_blocks} blocks")
-        node = await PeerNode.create(config.network, announcing=True)
+        node, reachability, relayed = await join_network(config.network)
         server = cls(config, checkpoint, node, ComputeWorker(config.device))
+        server.reachability, server.relayed = reachability, relayed
         try:
             await server._start(num_blocks)
         except BaseException:
@@ -130,7 +133,7 @@ class Server:
         return ServerRecord(
             peer_id=self.node.peer_id_str, state=self.state, start=self.start, end=self.end,
             throughput=self.throughput, cache_tokens_left=self.budget.tokens_left if self.budget else 0,
-            dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint, relayed=False,
+            dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint, relayed=self.relayed,
         )
 
     async def announce(self) -> bool:

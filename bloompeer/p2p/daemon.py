@@ -1,0 +1,128 @@
+"""Starting the libp2p daemon (p2pd, through hivemind.P2P) with the relay settings bloompeer needs.
+
+Three kinds of peers:
+  - a relay (the bootstrap peer): serves as a circuit relay for peers behind NAT, with limits
+    bloompeer sets (16 GiB and 24 h per relayed connection) instead of libp2p's defaults for
+    limited relays (128 KiB and 2 min, which cut a session after a few steps);
+  - a peer behind NAT: reserves slots on the relays it knows (auto-relay, static relays, no
+    3-minute discovery delay) and announces its circuit addresses;
+  - anyone else: a plain daemon.
+
+p2pd registers two relay services on one protocol, the configured one and go-libp2p's default,
+and the last to register serves (see ../shared/hivemind-notes.md, section 3b). With GOMAXPROCS=1
+the configured one won 36 of 36 starts there; start_daemon also checks that a relayed stream
+carries more than the default limit, and restarts the relay daemon if it does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+from typing import ClassVar
+
+from hivemind.p2p import P2P, PeerID
+
+from .framing import read_frame, write_frame
+
+__all__ = ["start_daemon", "RELAY_DATA_LIMIT", "RELAY_TIME_LIMIT"]
+
+logger = logging.getLogger(__name__)
+
+RELAY_DATA_LIMIT = 16 << 30  # bytes per relayed connection and direction
+RELAY_TIME_LIMIT = "24h"
+RELAY_START_ATTEMPTS = 3
+SELF_CHECK_BYTES = 512 << 10  # more than go-libp2p's default limit of 128 KiB
+_SELF_CHECK_PROTOCOL = "bloompeer.relay-check/1"
+
+
+class _Daemon(P2P):
+    """hivemind's P2P with daemon flags that P2P.create does not take."""
+
+    extra_flags: ClassVar[dict] = {}
+
+    def _make_process_args(self, *args, **kwargs):
+        return P2P._make_process_args(*args, **{**kwargs, **self.extra_flags})
+
+    @classmethod
+    def with_flags(cls, **flags) -> type[_Daemon]:
+        return type("Daemon", (cls,), {"extra_flags": flags})
+
+
+async def start_daemon(initial_peers: Sequence[str], host_maddrs: Sequence[str], announce_maddrs: Sequence[str],
+                       identity_path: str | None, dht_client: bool, relay_for_others: bool,
+                       relays: Sequence[str]) -> P2P:
+    """relay_for_others: be a relay (forced publicly reachable); relays: we are behind NAT, reached through these."""
+    common = dict(initial_peers=list(initial_peers), host_maddrs=list(host_maddrs), identity_path=identity_path,
+                  dht_mode="client" if dht_client else "server")
+    if relays:
+        daemon = _Daemon.with_flags(relayDiscovery=0)
+        return await daemon.create(**common, use_auto_relay=True, trusted_relays=list(relays),
+                                   force_reachability="private",
+                                   announce_maddrs=[f"{relay}/p2p-circuit" for relay in relays])
+    if not relay_for_others:
+        return await P2P.create(**common, announce_maddrs=list(announce_maddrs) or None)
+    daemon = _Daemon.with_flags(relayDataLimit=RELAY_DATA_LIMIT, relayTimeLimit=RELAY_TIME_LIMIT)
+    for attempt in range(1, RELAY_START_ATTEMPTS + 1):
+        with _go_single_thread():
+            p2p = await daemon.create(**common, announce_maddrs=list(announce_maddrs) or None,
+                                      force_reachability="public")
+        if await _relays_large_streams(p2p):
+            return p2p
+        logger.warning("The relay service came up with libp2p's default limits (attempt %d of %d); restarting",
+                       attempt, RELAY_START_ATTEMPTS)
+        await p2p.shutdown()
+    raise RuntimeError("could not start a relay with bloompeer's limits")
+
+
+@contextlib.contextmanager
+def _go_single_thread():
+    """GOMAXPROCS=1 for the daemon started inside (it copies our environment at start)."""
+    previous = os.environ.get("GOMAXPROCS")
+    os.environ["GOMAXPROCS"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["GOMAXPROCS"]
+        else:
+            os.environ["GOMAXPROCS"] = previous
+
+
+async def _relays_large_streams(relay: P2P) -> bool:
+    """Send more than libp2p's default relay limit through `relay`, between two throwaway peers."""
+    loopback = [str(a) for a in await relay.get_visible_maddrs() if "/127.0.0.1/" in str(a)]
+    if not loopback:
+        logger.warning("The relay has no loopback address to check itself through; not checked")
+        return True
+    hidden = behind = None
+    try:
+        hidden = await _Daemon.with_flags(relayDiscovery=0).create(
+            initial_peers=loopback, use_auto_relay=True, trusted_relays=loopback, force_reachability="private",
+            no_listen=True, announce_maddrs=[f"{loopback[0]}/p2p-circuit"], dht_mode="client")
+
+        async def echo(info, reader, writer):
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                while True:
+                    await write_frame(writer, await read_frame(reader))
+
+        await hidden.add_binary_stream_handler(_SELF_CHECK_PROTOCOL, echo)
+        behind = await P2P.create(initial_peers=loopback, dht_mode="client")
+        _, reader, writer = await asyncio.wait_for(
+            behind.call_binary_stream_handler(PeerID.from_base58(hidden.peer_id.to_base58()), _SELF_CHECK_PROTOCOL),
+            10)
+        chunk = os.urandom(64 << 10)
+        for _ in range(SELF_CHECK_BYTES // len(chunk)):
+            await write_frame(writer, {"d": chunk})
+            await asyncio.wait_for(read_frame(reader), 10)
+        writer.close()
+        return True
+    except (Exception, asyncio.TimeoutError) as exc:
+        logger.debug("Relay self-check failed: %r", exc)
+        return False
+    finally:
+        for peer in (behind, hidden):
+            if peer is not None:
+                await peer.shutdown()
