@@ -14,7 +14,7 @@ positions) belong to the server, which knows them.
     forward:  client: ForwardRequest  -> server: StepOutput | ErrorFrame
     backward: client: BackwardRequest -> server: Gradients  | ErrorFrame
     info:     server: ServerInfo (as soon as the stream opens)
-    dialback: peer: DialbackRequest -> helper: DialbackResult | ErrorFrame
+    dialback: see reachability.py
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .tensors import FLOAT_DTYPES, tensor_from_wire, tensor_to_wire
 
 __all__ = [
     "PROTOCOL_VERSION", "INFO_PROTOCOL", "INFERENCE_PROTOCOL", "FORWARD_PROTOCOL", "BACKWARD_PROTOCOL", "PUSH_PROTOCOL",
-    "DIALBACK_PROTOCOL", "Message", "BackwardRequest", "DialbackRequest", "DialbackResult", "Gradients",
+    "Message", "BackwardRequest", "Gradients", "MAX_STRING_CHARS", "Fields",
     "OpenSession", "SessionReady", "Step", "StepOutput", "CloseSession", "ForwardRequest", "ErrorFrame",
     "PushStep", "PushTarget", "ServerInfo", "decode_message",
 ]
@@ -41,7 +41,6 @@ INFERENCE_PROTOCOL = f"bloompeer.inference/{PROTOCOL_VERSION}"
 PUSH_PROTOCOL = f"bloompeer.push/{PROTOCOL_VERSION}"
 FORWARD_PROTOCOL = f"bloompeer.forward/{PROTOCOL_VERSION}"
 BACKWARD_PROTOCOL = f"bloompeer.backward/{PROTOCOL_VERSION}"
-DIALBACK_PROTOCOL = f"bloompeer.dialback/{PROTOCOL_VERSION}"
 
 MAX_STRING_CHARS = 1024
 MAX_WAIT_S = 3600.0  # the longest a client may ask a server to wait for anything
@@ -49,7 +48,7 @@ _MASK_DTYPES = frozenset({"bool"})
 _INDEX_DTYPES = frozenset({"int64"})
 
 
-class _Fields:
+class Fields:
     """Typed access to the fields of one received frame; refuses unknown and missing ones."""
 
     def __init__(self, message: dict[str, Any], type_name: str, required: set[str], optional: set[str] = frozenset()):
@@ -127,7 +126,7 @@ class OpenSession(Message):
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> OpenSession:
-        f = _Fields(message, cls.TYPE, {"model", "start", "end", "batch", "max_length"}, {"alloc_timeout_s"})
+        f = Fields(message, cls.TYPE, {"model", "start", "end", "batch", "max_length"}, {"alloc_timeout_s"})
         alloc_timeout_s = f.float("alloc_timeout_s", MAX_WAIT_S) if "alloc_timeout_s" in message else 0.0
         return cls(f.str("model"), f.int("start"), f.int("end", 1), f.int("batch", 1), f.int("max_length", 1),
                    alloc_timeout_s)
@@ -146,7 +145,7 @@ class SessionReady(Message):
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> SessionReady:
-        return cls(_Fields(message, cls.TYPE, {"session_id"}).str("session_id"))
+        return cls(Fields(message, cls.TYPE, {"session_id"}).str("session_id"))
 
 
 @dataclass(frozen=True)
@@ -163,13 +162,13 @@ class PushTarget:
 MAX_PUSH_HOPS = 64
 
 
-def _push_targets(f: _Fields, name: str) -> tuple[PushTarget, ...]:
+def _push_targets(f: Fields, name: str) -> tuple[PushTarget, ...]:
     value = f.message.get(name) or []
     if not isinstance(value, list) or len(value) > MAX_PUSH_HOPS:
         raise ProtocolError(f"{f.type_name}.{name} must be a list of at most {MAX_PUSH_HOPS} hops")
     targets = []
     for hop in value:
-        hop_fields = _Fields(hop if isinstance(hop, dict) else {}, f"{f.type_name}.{name}[]", {"peer", "session"})
+        hop_fields = Fields(hop if isinstance(hop, dict) else {}, f"{f.type_name}.{name}[]", {"peer", "session"})
         targets.append(PushTarget(hop_fields.str("peer"), hop_fields.str("session")))
     return tuple(targets)
 
@@ -201,11 +200,11 @@ class Step(Message):
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> Step:
-        f = _Fields(message, cls.TYPE, {"position", "hidden"}, {"padding_mask", "hypo_ids", "step_id", "push"})
+        f = Fields(message, cls.TYPE, {"position", "hidden"}, {"padding_mask", "hypo_ids", "step_id", "push"})
         return cls._from_fields(f)
 
     @classmethod
-    def _from_fields(cls, f: _Fields) -> Step:
+    def _from_fields(cls, f: Fields) -> Step:
         return cls(f.int("position"), f.tensor("hidden", FLOAT_DTYPES), f.tensor("padding_mask", _MASK_DTYPES),
                    f.tensor("hypo_ids", _INDEX_DTYPES), f.int("step_id") if "step_id" in f.message else 0,
                    _push_targets(f, "push"))
@@ -224,7 +223,7 @@ class PushStep(Message):
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> PushStep:
-        f = _Fields(message, cls.TYPE, {"session_id", "position", "hidden"},
+        f = Fields(message, cls.TYPE, {"session_id", "position", "hidden"},
                     {"padding_mask", "hypo_ids", "step_id", "push"})
         return cls(f.str("session_id"), Step._from_fields(f))
 
@@ -241,7 +240,7 @@ class StepOutput(Message):
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> StepOutput:
-        f = _Fields(message, cls.TYPE, {"hidden"}, {"step_id"})
+        f = Fields(message, cls.TYPE, {"hidden"}, {"step_id"})
         return cls(f.tensor("hidden", FLOAT_DTYPES), f.int("step_id") if "step_id" in message else 0)
 
 
@@ -254,7 +253,7 @@ class CloseSession(Message):
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> CloseSession:
-        _Fields(message, cls.TYPE, set())
+        Fields(message, cls.TYPE, set())
         return cls()
 
 
@@ -284,7 +283,7 @@ class ForwardRequest(Message):
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> ForwardRequest:
-        f = _Fields(message, cls.TYPE, {"model", "start", "end", "hidden"}, {"padding_mask", "prompts", "output_codec"})
+        f = Fields(message, cls.TYPE, {"model", "start", "end", "hidden"}, {"padding_mask", "prompts", "output_codec"})
         return cls(f.str("model"), f.int("start"), f.int("end", 1), f.tensor("hidden", FLOAT_DTYPES),
                    f.tensor("padding_mask", _MASK_DTYPES), f.tensor("prompts", FLOAT_DTYPES), f.codec("output_codec"))
 
@@ -317,7 +316,7 @@ class BackwardRequest(Message):
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> BackwardRequest:
-        f = _Fields(message, cls.TYPE, {"model", "start", "end", "hidden", "grad_output"},
+        f = Fields(message, cls.TYPE, {"model", "start", "end", "hidden", "grad_output"},
                     {"padding_mask", "prompts", "output_codec"})
         return cls(f.str("model"), f.int("start"), f.int("end", 1), f.tensor("hidden", FLOAT_DTYPES),
                    f.tensor("grad_output", FLOAT_DTYPES), f.tensor("padding_mask", _MASK_DTYPES),
@@ -337,7 +336,7 @@ class Gradients(Message):
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> Gradients:
-        f = _Fields(message, cls.TYPE, {"grad_hidden"}, {"grad_prompts"})
+        f = Fields(message, cls.TYPE, {"grad_hidden"}, {"grad_prompts"})
         return cls(f.tensor("grad_hidden", FLOAT_DTYPES), f.tensor("grad_prompts", FLOAT_DTYPES))
 
 
@@ -352,7 +351,7 @@ class ErrorFrame(Message):
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> ErrorFrame:
-        f = _Fields(message, cls.TYPE, {"code", "message"})
+        f = Fields(message, cls.TYPE, {"code", "message"})
         code_str = f.str("code")
         try:
             code = ErrorCode(code_str)
@@ -382,50 +381,10 @@ class ServerInfo(Message):
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> ServerInfo:
-        f = _Fields(message, cls.TYPE, {"model", "start", "end", "state", "version", "dtype", "cache_tokens_left",
+        f = Fields(message, cls.TYPE, {"model", "start", "end", "state", "version", "dtype", "cache_tokens_left",
                                         "sessions"})
         return cls(f.str("model"), f.int("start"), f.int("end"), f.str("state"), f.str("version"), f.str("dtype"),
                    f.int("cache_tokens_left"), f.int("sessions"))
-
-
-MAX_DIALBACK_ADDRS = 8
-
-
-@dataclass(frozen=True)
-class DialbackRequest(Message):
-    """Please try to open TCP connections to these multiaddrs of mine (a reachability check)."""
-
-    TYPE: ClassVar[str] = "dialback"
-    maddrs: tuple[str, ...]
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "maddrs": list(self.maddrs)}
-
-    @classmethod
-    def from_wire(cls, message: dict[str, Any]) -> DialbackRequest:
-        f = _Fields(message, cls.TYPE, {"maddrs"})
-        maddrs = message["maddrs"]
-        if (not isinstance(maddrs, list) or len(maddrs) > MAX_DIALBACK_ADDRS
-                or not all(isinstance(m, str) and len(m) <= MAX_STRING_CHARS for m in maddrs)):
-            raise ProtocolError(f"{f.type_name}.maddrs must be at most {MAX_DIALBACK_ADDRS} multiaddr strings")
-        return cls(tuple(maddrs))
-
-
-@dataclass(frozen=True)
-class DialbackResult(Message):
-    TYPE: ClassVar[str] = "dialback_result"
-    reachable: tuple[str, ...]  # the requested multiaddrs that accepted a connection
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "reachable": list(self.reachable)}
-
-    @classmethod
-    def from_wire(cls, message: dict[str, Any]) -> DialbackResult:
-        _Fields(message, cls.TYPE, {"reachable"})
-        reachable = message["reachable"]
-        if not isinstance(reachable, list) or not all(isinstance(m, str) for m in reachable):
-            raise ProtocolError("dialback_result.reachable must be a list of strings")
-        return cls(tuple(reachable))
 
 
 def decode_message(message: dict[str, Any], *expected: type[Message]) -> Message:

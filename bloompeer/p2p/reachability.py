@@ -10,20 +10,62 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from .errors import ProtocolError
 from .framing import read_frame, write_frame
-from .messages import DIALBACK_PROTOCOL, DialbackRequest, DialbackResult, ErrorFrame, decode_message
+from .messages import MAX_STRING_CHARS, PROTOCOL_VERSION, ErrorFrame, Fields, Message, decode_message
 
-__all__ = ["serve_dialback", "reachable_maddrs"]
+__all__ = ["DIALBACK_PROTOCOL", "DialbackRequest", "DialbackResult", "serve_dialback", "reachable_maddrs"]
+
+DIALBACK_PROTOCOL = f"bloompeer.dialback/{PROTOCOL_VERSION}"  # peer: DialbackRequest -> helper: DialbackResult
 
 logger = logging.getLogger(__name__)
 
 DIAL_TIMEOUT_S = 3.0
 MAX_REQUEST_BYTES = 16 << 10
+MAX_DIALBACK_ADDRS = 8
+
+
+@dataclass(frozen=True)
+class DialbackRequest(Message):
+    """Please try to open TCP connections to these multiaddrs of mine (a reachability check)."""
+
+    TYPE: ClassVar[str] = "dialback"
+    maddrs: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "maddrs": list(self.maddrs)}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> DialbackRequest:
+        f = Fields(message, cls.TYPE, {"maddrs"})
+        maddrs = message["maddrs"]
+        if (not isinstance(maddrs, list) or len(maddrs) > MAX_DIALBACK_ADDRS
+                or not all(isinstance(m, str) and len(m) <= MAX_STRING_CHARS for m in maddrs)):
+            raise ProtocolError(f"{f.type_name}.maddrs must be at most {MAX_DIALBACK_ADDRS} multiaddr strings")
+        return cls(tuple(maddrs))
+
+
+@dataclass(frozen=True)
+class DialbackResult(Message):
+    TYPE: ClassVar[str] = "dialback_result"
+    reachable: tuple[str, ...]  # the requested multiaddrs that accepted a connection
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "reachable": list(self.reachable)}
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> DialbackResult:
+        Fields(message, cls.TYPE, {"reachable"})
+        reachable = message["reachable"]
+        if not isinstance(reachable, list) or not all(isinstance(m, str) for m in reachable):
+            raise ProtocolError("dialback_result.reachable must be a list of strings")
+        return cls(tuple(reachable))
 
 
 def _ip_and_tcp_port(maddr: str) -> tuple[str, int] | None:
@@ -73,7 +115,7 @@ async def reachable_maddrs(p2p: P2P, helpers: list[str], maddrs: list[str]) -> t
             _, reader, writer = await asyncio.wait_for(
                 p2p.call_binary_stream_handler(PeerID.from_base58(helper), DIALBACK_PROTOCOL), DIAL_TIMEOUT_S)
             try:
-                await write_frame(writer, DialbackRequest(tuple(maddrs[:8])).to_wire())
+                await write_frame(writer, DialbackRequest(tuple(maddrs[:MAX_DIALBACK_ADDRS])).to_wire())
                 reply = decode_message(await asyncio.wait_for(read_frame(reader), 4 * DIAL_TIMEOUT_S),
                                        DialbackResult, ErrorFrame)
             finally:

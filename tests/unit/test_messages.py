@@ -6,6 +6,7 @@ from bloompeer.p2p import (
     SessionReady, Step,
     StepOutput, decode_message, pack, tensor_to_wire, unpack,
 )
+from bloompeer.p2p.reachability import DialbackRequest, DialbackResult
 
 MESSAGES = [
     OpenSession("m", 0, 4, 2, 128, 2.5),
@@ -19,6 +20,8 @@ MESSAGES = [
     ForwardRequest("m", 1, 2, torch.randn(1, 4, 8), torch.ones(1, 4, dtype=torch.bool)),
     ErrorFrame(ErrorCode.BUSY, "no room"),
     ServerInfo("m", 0, 4, "online", "0.1.0", "float32", 1024, 2),
+    DialbackRequest(("/ip4/10.0.0.1/tcp/4000", "/ip6/::1/tcp/4000")),
+    DialbackResult(("/ip4/10.0.0.1/tcp/4000",)),
 ]
 
 
@@ -70,3 +73,15 @@ def test_only_expected_types_are_accepted():
 def test_unknown_error_code_from_a_newer_peer_reads_as_internal():
     frame = {"type": "error", "code": "brand_new_code", "message": "?"}
     assert decode_message(frame, ErrorFrame).code is ErrorCode.INTERNAL
+
+
+@pytest.mark.parametrize("frame", [
+    {"type": "dialback", "maddrs": "/ip4/1.2.3.4/tcp/1"},
+    {"type": "dialback", "maddrs": ["/ip4/1.2.3.4/tcp/1"] * 9},
+    {"type": "dialback", "maddrs": [7]},
+    {"type": "dialback_result", "reachable": [None]},
+    {"type": "dialback", "maddrs": [], "extra": 1},
+])
+def test_malformed_dialback_frames_are_refused(frame):
+    with pytest.raises(ProtocolError):
+        decode_message(frame, DialbackRequest, DialbackResult)
