@@ -1,7 +1,7 @@
 """Starting the libp2p daemon (p2pd, through hivemind.P2P) with the relay settings bloompeer needs.
 
 Three kinds of peers:
-  - a relay (the bootstrap peer): serves as a circuit relay for peers behind NAT, with limits
+  - a relay (the bootstrap peer, and servers unless --no-relay): serves as a circuit relay for peers behind NAT, with limits
     bloompeer sets (16 GiB and 24 h per relayed connection) instead of libp2p's defaults for
     limited relays (128 KiB and 2 min, which cut a session after a few steps);
   - a peer behind NAT: reserves slots on the relays it knows (auto-relay, static relays, no
@@ -11,7 +11,8 @@ Three kinds of peers:
 p2pd registers two relay services on one protocol, the configured one and go-libp2p's default,
 and the last to register serves (see ../shared/hivemind-notes.md, section 3b). With GOMAXPROCS=1
 the configured one won 36 of 36 starts there; start_daemon also checks that a relayed stream
-carries more than the default limit, and restarts the relay daemon if it does not.
+carries more than the default limit, and restarts the relay daemon if it does not (after three
+failures the peer runs without relaying, rather than relaying with limits that break sessions).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ async def start_daemon(initial_peers: Sequence[str], host_maddrs: Sequence[str],
         logger.warning("The relay service came up with libp2p's default limits (attempt %d of %d); restarting",
                        attempt, RELAY_START_ATTEMPTS)
         await p2p.shutdown()
-    raise RuntimeError("could not start a relay with bloompeer's limits")
+    logger.warning("Could not start a relay with bloompeer's limits; not relaying for peers behind NAT")
+    return await P2P.create(**common, announce_maddrs=list(announce_maddrs) or None)
 
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ class NetworkConfig:
     announce_maddrs: tuple[str, ...] = ()  # addresses to tell others instead of the listening ones
     identity_path: str | None = None  # private key file; keeps the peer id across restarts
     client_mode: bool = False  # dial out only; answer no DHT queries
-    relay_for_others: bool = False  # serve as a circuit relay for peers behind NAT (the bootstrap peer does)
+    relay_for_others: bool = False  # serve as a circuit relay for peers behind NAT (bootstrap peers and servers do)
     relays: tuple[str, ...] = ()  # we are behind NAT: be reached through these relays (multiaddrs)
     dht_timeout_s: float = 10.0
 

@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="compute and cache dtype (default: float32)")
     _add_limit_flags(serve)
     _add_network_flags(serve, "/ip4/0.0.0.0/tcp/0")
+    serve.add_argument("--no-relay", action="store_true",
+                       help="do not relay traffic for peers behind NAT (by default a directly reachable server "
+                            "relays for them, up to 16 GiB and 24 h per connection)")
 
     from .generate_command import add_generate_parser
     from .status_command import add_status_parser
@@ -176,7 +179,8 @@ async def run_serve(args: argparse.Namespace) -> int:
 
     start, end = args.blocks or (None, None)
     config = ServerConfig(
-        model=args.model, start=start, end=end, num_blocks=args.num_blocks, network=_network_config(args),
+        model=args.model, start=start, end=end, num_blocks=args.num_blocks,
+        network=dataclasses.replace(_network_config(args), relay_for_others=not args.no_relay),
         device=args.device, dtype=args.dtype, cache_tokens=args.cache_tokens, session_timeout_s=args.session_timeout,
         max_batch_tokens=args.max_batch_tokens, max_step_tokens=args.max_step_tokens, max_length=args.max_length,
         max_sessions_per_peer=args.max_sessions_per_peer, max_frame_bytes=int(args.max_frame_mb * 2**20),

@@ -158,7 +158,7 @@ class LocalSwarm:
         With start and end None, pass the choice of blocks in `extra_args` (--num-blocks K).
         """
         blocks = [] if start is None else ["--blocks", f"{start}:{end}"]
-        args = ["serve", "--model", str(model or self.model), *blocks, "--host-maddrs", LOOPBACK,
+        args = ["serve", "--model", str(model or self.model), *blocks, "--host-maddrs", LOOPBACK, "--no-relay",
                 "--initial-peers", *self.initial_peers, *self.server_args, *extra_args]
         server = PeerProcess(name or f"server{len(self.servers)}-{start}-{end}", args, self.log_dir, env,
                              *([program] if program else []))

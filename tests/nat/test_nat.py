@@ -1,8 +1,9 @@
 """Peers behind NAT, in a real (if small) network: Linux namespaces, masquerading routers (root only).
 
-    public:  bootstrap peer (also the relay) and server 1 (blocks 0:1), directly reachable
-    home-a:  server 2 (blocks 1:2) behind router-a: nobody outside can dial it
-    home-b:  the client, behind router-b
+    public:  bootstrap peer and server 1 (blocks 0:1), directly reachable
+    home-a:  server 2 (blocks 1:2) behind router-a: nobody outside can dial it. It names server 1 as
+             its initial peer, so server 1 (a plain directly reachable server) is its relay
+    home-b:  the client, behind router-b; it knows only the bootstrap peer
 
 The client generates through both servers with a prompt whose activations alone make more than
 4 MiB into the home-a server, and the tokens must equal transformers' on one machine.
@@ -56,7 +57,8 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def swarm(topology, checkpoint, tmp_path_factory):
-    """Bootstrap and server 1 in the public namespace, server 2 in home-a; stopped after the module."""
+    """Bootstrap and server 1 in the public namespace, server 2 in home-a; stopped after the module.
+    Yields the bootstrap's multiaddr, server 1's (server 2's relay) and the two server processes."""
     logs = tmp_path_factory.mktemp("nat-logs")
     processes = []
 
@@ -70,13 +72,13 @@ def swarm(topology, checkpoint, tmp_path_factory):
                           f"/ip4/0.0.0.0/tcp/{BOOTSTRAP_PORT}")
         deadline = _deadline()
         bootstrap_maddr = bootstrap.wait_for_line(f"/ip4/{topology.PUBLIC_IP}/", deadline)
-        serve = ["serve", "--model", str(checkpoint), "--host-maddrs", "/ip4/0.0.0.0/tcp/0", "--initial-peers",
-                 bootstrap_maddr]
-        direct = start("server-direct", "public", *serve, "--blocks", "0:1")
-        behind_nat = start("server-home-a", "home-a", *serve, "--blocks", "1:2")
+        serve = ["serve", "--model", str(checkpoint), "--host-maddrs", "/ip4/0.0.0.0/tcp/0", "--initial-peers"]
+        direct = start("server-direct", "public", *serve, bootstrap_maddr, "--blocks", "0:1")
+        relay_maddr = direct.wait_for_line(f"/ip4/{topology.PUBLIC_IP}/", deadline)
+        behind_nat = start("server-home-a", "home-a", *serve, relay_maddr, "--blocks", "1:2")
         for server in (direct, behind_nat):
             server.wait_online(deadline)
-        yield bootstrap_maddr, direct, behind_nat
+        yield bootstrap_maddr, relay_maddr, direct, behind_nat
     finally:
         for process in reversed(processes):
             process.stop()
@@ -91,7 +93,7 @@ def _reachability(server: PeerProcess) -> str:
 
 
 def test_a_client_behind_nat_generates_through_a_server_behind_nat(topology, checkpoint, swarm):
-    bootstrap_maddr, direct, behind_nat = swarm
+    bootstrap_maddr, _, direct, behind_nat = swarm
     prompt = ("The quick brown fox jumps over the lazy dog. " * 40)[:PROMPT_TOKENS]
     assert PROMPT_TOKENS * HIDDEN * 4 > 4 * 2**20  # what the home-a server receives for the prompt alone
     result = subprocess.run(
@@ -112,11 +114,11 @@ def test_a_client_behind_nat_generates_through_a_server_behind_nat(topology, che
 
 
 def test_the_server_behind_nat_is_reached_through_the_relay(topology, swarm):
-    bootstrap_maddr, direct, behind_nat = swarm
+    _, relay_maddr, direct, behind_nat = swarm
     print(_reachability(direct), _reachability(behind_nat), sep="\n")  # shown with pytest -s
     assert _reachability(direct).startswith("reachability: directly reachable at /ip4/10.99.0.10/tcp/")
     line = _reachability(behind_nat)
-    assert line.startswith("reachability: NOT directly reachable") and bootstrap_maddr in line
+    assert line.startswith("reachability: NOT directly reachable") and relay_maddr in line
     announced = [m for m in behind_nat.stdout if m.startswith("/")]
     assert announced and all("/p2p-circuit" in m for m in announced)  # it is announced only through the relay
     assert not any("192.168.1.2" in m for m in announced)
@@ -124,7 +126,7 @@ def test_the_server_behind_nat_is_reached_through_the_relay(topology, swarm):
 
 def test_a_direct_dial_to_the_server_behind_nat_fails(topology, swarm):
     """From the public side, neither its own address nor its router's address accepts a connection."""
-    _, _, behind_nat = swarm
+    *_, behind_nat = swarm
     port = re.search(r"/ip4/192\.168\.1\.2/tcp/(\d+)", _reachability(behind_nat)).group(1)
     for host in ("192.168.1.2", "10.99.0.2"):
         probe = ("import socket, sys\ns = socket.socket(); s.settimeout(3)\n"

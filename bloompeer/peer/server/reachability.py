@@ -1,6 +1,10 @@
 """How a server joins the network: directly if a peer of the swarm can dial it back, otherwise
 through relays (a server behind NAT without a forwarded port).
 
+The server starts as a relay for others (unless --no-relay) and stays one if it is directly
+reachable: any peer that names it in --initial-peers can then be reached through it. Its initial
+peers are also its relays if it turns out to be unreachable.
+
 A server that cannot be dialed does not host DHT keys for others (it joins the DHT as a client)
 and announces its relay (circuit) addresses; its records say `relayed`, so routing prefers
 direct servers. The one line it prints says which of the two it is, and what to do about it.
@@ -41,7 +45,8 @@ async def join_network(network: NetworkConfig) -> tuple[PeerNode, str, bool]:
     logger.info("%s could not dial any of %s; restarting behind relays", helper, own)
     await node.shutdown()
     relays = tuple(network.initial_peers)
-    node = await PeerNode.create(dataclasses.replace(network, relays=relays, client_mode=True), announcing=True)
+    behind_nat = dataclasses.replace(network, relays=relays, client_mode=True, relay_for_others=False)
+    node = await PeerNode.create(behind_nat, announcing=True)
     line = (f"reachability: NOT directly reachable (peer {helper[-8:]} could not connect to {', '.join(own)}); "
             f"serving through relay {relays[0]}. Clients still reach this server, a little slower. To be reached "
             f"directly, forward a TCP port on your router to this machine and restart with "
