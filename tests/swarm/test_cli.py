@@ -4,8 +4,10 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -13,6 +15,7 @@ import torch
 from transformers import AutoTokenizer, BloomForCausalLM
 
 from bloompeer.peer.default_model import DEMO_MODEL_DIR
+from bloompeer.peer.local_swarm import PeerProcess
 
 from .conftest import MARKER_ENV, processes_with_env
 
@@ -115,3 +118,34 @@ def test_server_stops_on_sigterm_and_leaves_nothing_running(swarm, whole_group):
     assert server.process.wait(timeout=30) == 0
     assert processes_with_env(MARKER_ENV, marker) == []
     assert "Traceback" not in server.log_path.read_text()
+
+
+def test_a_stable_identity_keeps_the_peer_id_across_restarts(swarm, tmp_path):
+    """--identity-path on the bootstrap (an Ed25519 key) and on a server (RSA: it also signs records)."""
+    def dht_peer_id(run: int) -> str:
+        bootstrap = PeerProcess(f"identity-dht-{run}", ["dht", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                                                        "--identity-path", str(tmp_path / "dht.key")], tmp_path)
+        try:
+            return bootstrap.wait_for_line("/", time.monotonic() + 60).rsplit("/p2p/", 1)[1]
+        finally:
+            bootstrap.stop()
+
+    def server_peer_id(run: int) -> str:
+        server = swarm.add_server(0, 1, ["--identity-path", str(tmp_path / "server.key")], name=f"identity-{run}")
+        assert server.stop() == 0
+        return server.peer_id_str
+
+    assert dht_peer_id(1) == dht_peer_id(2)
+    assert server_peer_id(1) == server_peer_id(2)
+
+
+def test_announce_maddrs_replace_the_listening_ones(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    bootstrap = PeerProcess("announce", ["dht", "--host-maddrs", f"/ip4/127.0.0.1/tcp/{port}",
+                                         "--announce-maddrs", f"/ip4/203.0.113.9/tcp/{port}"], tmp_path)
+    try:
+        assert bootstrap.wait_for_line("/", time.monotonic() + 60).startswith(f"/ip4/203.0.113.9/tcp/{port}/p2p/")
+    finally:
+        bootstrap.stop()
