@@ -117,6 +117,33 @@ def test_deep_prompt_tuning_converges(training_swarm, steerable_checkpoint, code
     assert losses[-1] < 1.0  # ... a tuned one solves it
 
 
+def test_generation_with_trained_input_prompts_equals_hf(training_swarm, steerable_checkpoint):
+    """ptune prompts stay in the servers' caches before the text; tokens equal HF generating from
+    [prompts; text] embeddings, and differ from generating without the prompts."""
+    reference = BloomForCausalLM.from_pretrained(steerable_checkpoint, dtype=torch.float32).eval()
+    ids = torch.randint(10, 250, (2, 5), generator=torch.Generator().manual_seed(3))
+    with _client(DistributedBloomForCausalLM, training_swarm, steerable_checkpoint, tuning_mode="ptune",
+                 pre_seq_len=PRE_SEQ_LEN) as model:
+        prompts = model.transformer.prompt_embeddings.weight
+        with torch.no_grad():
+            prompts.normal_(std=1.0, generator=torch.Generator().manual_seed(4))
+            ours = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+            with model.inference_session(max_length=16):  # the same, one token at a time in a kept session
+                stepwise = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+                stepwise = model.generate(stepwise, max_new_tokens=3, do_sample=False, pad_token_id=0)
+            embeds = torch.cat([prompts.expand(2, -1, -1), reference.transformer.word_embeddings(ids)], dim=1)
+            expected = reference.generate(inputs_embeds=embeds, max_new_tokens=6, do_sample=False, pad_token_id=0)
+            unprompted = reference.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours[:, 5:], expected) and torch.equal(stepwise, ours)
+    assert not torch.equal(ours, unprompted)
+
+
+def test_generation_with_deep_prompts_is_refused_clearly(training_swarm, steerable_checkpoint):
+    with _client(DistributedBloomForCausalLM, training_swarm, steerable_checkpoint, tuning_mode="deep_ptune",
+                 pre_seq_len=PRE_SEQ_LEN) as model, pytest.raises(NotImplementedError, match="tuning_mode='ptune'"):
+        model.generate(torch.tensor([[10, 11]]), max_new_tokens=1, do_sample=False, pad_token_id=0)
+
+
 def test_classification_head_and_prompts_train(training_swarm, steerable_checkpoint):
     """Label: is the last token's id even? Only the head and the prompts learn."""
     with _client(DistributedBloomForSequenceClassification, training_swarm, steerable_checkpoint,

@@ -98,17 +98,30 @@ class DistributedBloomModel(BloomPreTrainedModel):
             inputs_embeds = self.word_embeddings(input_ids)
         session = cache.session if isinstance(cache, RemoteCache) else self.active_session
         if session is not None:
-            if self.tuning_mode:
-                raise NotImplementedError("generation with trained prompts is not supported yet; use forward()")
-            hidden = self.word_embeddings_layernorm(inputs_embeds)  # [batch, new, hidden]
-            hypo_ids = cache.take_hypo_ids() if isinstance(cache, RemoteCache) else None
-            hidden = self.swarm.step(session, hidden, _wire_padding_mask(attention_mask, hidden.shape[1]), hypo_ids)
+            hidden = self._step(session, cache, inputs_embeds, attention_mask)
         else:
             inputs_embeds, attention_mask, deep_prompts = self._with_prompts(inputs_embeds, attention_mask)
             hidden = self.word_embeddings_layernorm(inputs_embeds)
             hidden = self.swarm.forward(hidden, _wire_padding_mask(attention_mask, hidden.shape[1]), deep_prompts)
             hidden = hidden[:, self.pre_seq_len:]
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=self.ln_f(hidden), cache=cache)
+
+
+    def _step(self, session, cache: RemoteCache | None, inputs_embeds: torch.Tensor,
+              attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """One inference step; a session's first step starts with the input prompts (ptune), which
+        then stay in the servers' caches before the text."""
+        if self.tuning_mode == "deep_ptune":
+            raise NotImplementedError("generation with deep prompts is not supported yet (servers would have to add "
+                                      "them to their caches); train with tuning_mode='ptune' to generate, or use "
+                                      "forward()")
+        num_new = inputs_embeds.shape[1]
+        if session.position == 0:
+            inputs_embeds, attention_mask, _ = self._with_prompts(inputs_embeds, attention_mask)
+        hidden = self.word_embeddings_layernorm(inputs_embeds)  # [batch, new (+ prompts), hidden]
+        hypo_ids = cache.take_hypo_ids() if cache is not None else None
+        hidden = self.swarm.step(session, hidden, _wire_padding_mask(attention_mask, hidden.shape[1]), hypo_ids)
+        return hidden[:, -num_new:]
 
 
 class DistributedModelMixin:

@@ -1,7 +1,8 @@
 """DistributedBloomForCausalLM: a transformers causal LM whose transformer blocks run in the swarm.
 
 generate() works as for a local model: the cache it is given is a RemoteCache over a server-side
-inference session. The LM head is tied to the word embeddings, as in BLOOM.
+inference session. The LM head is tied to the word embeddings, as in BLOOM. With trained input
+prompts (tuning_mode="ptune"), a session holds them before the text: it is opened that much longer.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
         """
         if self.transformer.active_session is not None:
             raise RuntimeError("an inference session is already active on this model")
-        session = self.swarm.open_session(max_length)
+        session = self.swarm.open_session(max_length + self.transformer.pre_seq_len)
         self.transformer.active_session = session
         try:
             yield session
@@ -75,10 +76,10 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
         if model_kwargs.get("cache") is not None or generation_config.use_cache is False:
             return super()._prepare_cache_for_generation(
                 generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
-        session = self.transformer.active_session
+        session, prompts = self.transformer.active_session, self.transformer.pre_seq_len
         if session is None:
-            session = self._generate_session = self.swarm.open_session(max_cache_length)
-        model_kwargs["cache"] = RemoteCache(session)
+            session = self._generate_session = self.swarm.open_session(max_cache_length + prompts)
+        model_kwargs["cache"] = RemoteCache(session, prompts)
 
     def generate(self, *args, **kwargs):
         try:

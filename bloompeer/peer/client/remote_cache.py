@@ -2,7 +2,9 @@
 
 transformers (5.x) passes a `Cache` to every forward during generation and slices the input
 ids by its length. The keys and values live on the servers; this object only reports how many
-tokens they hold, and carries beam search's reordering to the next step.
+tokens they hold, and carries beam search's reordering to the next step. Trained input prompts
+(ptune) sit in the session before the text; the cache counts only the text's tokens, as
+generate() expects.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ __all__ = ["RemoteCache"]
 class _RemotePositionLayer(CacheLayerMixin):
     supports_early_init = False
 
-    def __init__(self, session: InferenceSession):
+    def __init__(self, session: InferenceSession, prefix_length: int):
         super().__init__()
-        self.session = session
+        self.session, self.prefix_length = session, prefix_length
         self.pending_hypo_ids: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -33,10 +35,10 @@ class _RemotePositionLayer(CacheLayerMixin):
         return self.get_seq_length() + query_length, 0
 
     def get_seq_length(self) -> int:
-        return self.session.position
+        return max(0, self.session.position - self.prefix_length)
 
     def get_max_length(self) -> int:
-        return self.session.max_length
+        return self.session.max_length - self.prefix_length
 
     def reset(self) -> None:
         self.session.rewind(0)
@@ -44,7 +46,7 @@ class _RemotePositionLayer(CacheLayerMixin):
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative number of tokens to remove")
-        self.session.rewind(self.session.position + tokens_to_remove)
+        self.session.rewind(max(self.prefix_length, self.session.position + tokens_to_remove))
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         beam_idx, previous = beam_idx.to("cpu", torch.int64), self.pending_hypo_ids
@@ -58,8 +60,8 @@ class _RemotePositionLayer(CacheLayerMixin):
 
 
 class RemoteCache(Cache):
-    def __init__(self, session: InferenceSession):
-        self._layer = _RemotePositionLayer(session)
+    def __init__(self, session: InferenceSession, prefix_length: int = 0):
+        self._layer = _RemotePositionLayer(session, prefix_length)
         super().__init__(layers=[self._layer])
 
     @property
