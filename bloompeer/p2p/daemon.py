@@ -1,9 +1,10 @@
 """Starting the libp2p daemon (p2pd, through hivemind.P2P) with the relay settings bloompeer needs.
 
 Three kinds of peers:
-  - a relay (the bootstrap peer, and servers unless --no-relay): serves as a circuit relay for peers behind NAT, with limits
-    bloompeer sets (16 GiB and 24 h per relayed connection) instead of libp2p's defaults for
-    limited relays (128 KiB and 2 min, which cut a session after a few steps);
+  - a relay (the bootstrap peer, and servers unless --no-relay): serves as a circuit relay for
+    peers behind NAT, with limits bloompeer sets (16 GiB and 24 h per relayed connection) instead
+    of libp2p's defaults for limited relays (128 KiB and 2 min, which cut a session after a few
+    steps);
   - a peer behind NAT: reserves slots on the relays it knows (auto-relay, static relays, no
     3-minute discovery delay) and announces its circuit addresses;
   - anyone else: a plain daemon.

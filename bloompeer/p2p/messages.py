@@ -224,7 +224,7 @@ class PushStep(Message):
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> PushStep:
         f = Fields(message, cls.TYPE, {"session_id", "position", "hidden"},
-                    {"padding_mask", "hypo_ids", "step_id", "push"})
+                   {"padding_mask", "hypo_ids", "step_id", "push"})
         return cls(f.str("session_id"), Step._from_fields(f))
 
 
@@ -317,7 +317,7 @@ class BackwardRequest(Message):
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> BackwardRequest:
         f = Fields(message, cls.TYPE, {"model", "start", "end", "hidden", "grad_output"},
-                    {"padding_mask", "prompts", "output_codec"})
+                   {"padding_mask", "prompts", "output_codec"})
         return cls(f.str("model"), f.int("start"), f.int("end", 1), f.tensor("hidden", FLOAT_DTYPES),
                    f.tensor("grad_output", FLOAT_DTYPES), f.tensor("padding_mask", _MASK_DTYPES),
                    f.tensor("prompts", FLOAT_DTYPES), f.codec("output_codec"))
@@ -382,7 +382,7 @@ class ServerInfo(Message):
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> ServerInfo:
         f = Fields(message, cls.TYPE, {"model", "start", "end", "state", "version", "dtype", "cache_tokens_left",
-                                        "sessions"})
+                                       "sessions"})
         return cls(f.str("model"), f.int("start"), f.int("end"), f.str("state"), f.str("version"), f.str("dtype"),
                    f.int("cache_tokens_left"), f.int("sessions"))
 
