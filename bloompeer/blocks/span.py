@@ -45,12 +45,20 @@ class Segment:
 
     hidden: [batch, num_new, hidden_size]. padding_mask: [batch, kv_length] bool, False at
     padding, over the cached tokens and the new ones (None: no padding, no cache). cache: where
-    the request's keys and values go (None for a forward that keeps nothing).
+    the request's keys and values go (None for a forward that keeps nothing). prompts: [blocks
+    of the pass, batch, k <= num_new, hidden] deep prompts: prompts[i] is added to the first k
+    new tokens entering the pass's block i.
     """
 
     hidden: torch.Tensor
     padding_mask: torch.Tensor | None = None
     cache: SessionCache | None = None
+    prompts: torch.Tensor | None = None
+
+    def add_prompts(self, hidden: torch.Tensor, index: int) -> torch.Tensor:
+        """hidden ([batch, num_new, hidden]) with block `index`'s prompts added (a new tensor)."""
+        length = self.prompts.shape[2]
+        return torch.cat([hidden[:, :length] + self.prompts[index], hidden[:, length:]], dim=1)
 
 
 class _Attention:
@@ -105,19 +113,13 @@ class BlockSpan(nn.Module):
         self, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None, cache: SessionCache | None = None,
         start: int | None = None, end: int | None = None, prompts: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One request through blocks [start, end) (default: the whole span); see Segment.
-
-        prompts: [end - start, batch, prompt_length, hidden] deep prompts: prompts[i] is added to
-        the first prompt_length positions of the hidden states entering block start + i.
-        """
-        return self.forward_segments([Segment(hidden, padding_mask, cache)], start, end, prompts)[0]
+        """One request through blocks [start, end) (default: the whole span); see Segment."""
+        return self.forward_segments([Segment(hidden, padding_mask, cache, prompts)], start, end)[0]
 
     def forward_segments(
         self, segments: Sequence[Segment], start: int | None = None, end: int | None = None,
-        prompts: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
-        """Several requests through blocks [start, end) in one pass; one output per segment (deep
-        prompts: for a single segment only)."""
+        """Several requests through blocks [start, end) in one pass; one output per segment."""
         start, end = self.start if start is None else start, self.end if end is None else end
         attention = [_Attention(segment, self.num_heads) for segment in segments]
         rows = [segment.hidden.shape[0] * segment.hidden.shape[1] for segment in segments]
@@ -125,10 +127,10 @@ class BlockSpan(nn.Module):
             hidden = segments[0].hidden  # [batch, num_new, hidden]: HF's own shapes, for bitwise equality
         else:
             hidden = torch.cat([segment.hidden.reshape(-1, segment.hidden.shape[-1]) for segment in segments])
+        prompted = any(segment.prompts is not None for segment in segments)
         for index, block in enumerate(self.blocks[start - self.start : end - self.start]):
-            if prompts is not None:
-                length = prompts.shape[2]
-                hidden = torch.cat([hidden[:, :length] + prompts[index], hidden[:, length:]], dim=1)
+            if prompted:
+                hidden = _with_prompts(hidden, segments, rows, index)
             hidden = self._block(block, hidden, attention, rows)
         if len(segments) == 1:
             return [hidden]
@@ -172,3 +174,14 @@ class BlockSpan(nn.Module):
         context = context.view(batch, heads, num_new, head_dim).permute(0, 2, 1, 3)
         return context.reshape(batch, num_new, heads * head_dim)
 
+
+
+def _with_prompts(hidden: torch.Tensor, segments: Sequence[Segment], rows: list[int], index: int) -> torch.Tensor:
+    """Add block `index`'s deep prompts of every segment that has some; hidden is one segment's
+    [batch, num_new, hidden], or all segments' rows flattened into [rows, hidden]."""
+    if len(segments) == 1:
+        return segments[0].add_prompts(hidden, index)
+    parts = hidden.split(rows)
+    return torch.cat([part if segment.prompts is None
+                      else segment.add_prompts(part.view_as(segment.hidden), index).flatten(0, 1)
+                      for part, segment in zip(parts, segments)])

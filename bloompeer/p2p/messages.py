@@ -160,6 +160,7 @@ class PushTarget:
 
 
 MAX_PUSH_HOPS = 64
+_STEP_OPTIONAL = frozenset({"padding_mask", "hypo_ids", "step_id", "push", "prompts"})
 
 
 def _push_targets(f: Fields, name: str) -> tuple[PushTarget, ...]:
@@ -182,7 +183,8 @@ class Step(Message):
     means no padding. hypo_ids: [batch] int64, beam search's reordering of the cached rows.
     step_id: the client's number for this step, echoed in the output (so a late answer to an
     abandoned step is recognised). push: the rest of the chain; the server sends its output
-    on to the first hop as a PushStep (and to the client as usual).
+    on to the first hop as a PushStep (and to the client as usual). prompts: [the span's blocks,
+    batch, k <= new, hidden] deep prompts for the first k new tokens (never pushed on).
     """
 
     TYPE: ClassVar[str] = "step"
@@ -192,22 +194,24 @@ class Step(Message):
     hypo_ids: torch.Tensor | None = None
     step_id: int = 0
     push: tuple[PushTarget, ...] = ()
+    prompts: torch.Tensor | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {"type": self.TYPE, "position": self.position, "hidden": tensor_to_wire(self.hidden),
                 "padding_mask": _optional_tensor(self.padding_mask), "hypo_ids": _optional_tensor(self.hypo_ids),
-                "step_id": self.step_id, "push": [hop.to_wire() for hop in self.push]}
+                "step_id": self.step_id, "push": [hop.to_wire() for hop in self.push],
+                "prompts": _optional_tensor(self.prompts)}
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> Step:
-        f = Fields(message, cls.TYPE, {"position", "hidden"}, {"padding_mask", "hypo_ids", "step_id", "push"})
+        f = Fields(message, cls.TYPE, {"position", "hidden"}, _STEP_OPTIONAL)
         return cls._from_fields(f)
 
     @classmethod
     def _from_fields(cls, f: Fields) -> Step:
         return cls(f.int("position"), f.tensor("hidden", FLOAT_DTYPES), f.tensor("padding_mask", _MASK_DTYPES),
                    f.tensor("hypo_ids", _INDEX_DTYPES), f.int("step_id") if "step_id" in f.message else 0,
-                   _push_targets(f, "push"))
+                   _push_targets(f, "push"), f.tensor("prompts", FLOAT_DTYPES))
 
 
 @dataclass(frozen=True)
@@ -223,8 +227,7 @@ class PushStep(Message):
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> PushStep:
-        f = Fields(message, cls.TYPE, {"session_id", "position", "hidden"},
-                   {"padding_mask", "hypo_ids", "step_id", "push"})
+        f = Fields(message, cls.TYPE, {"session_id", "position", "hidden"}, _STEP_OPTIONAL)
         return cls(f.str("session_id"), Step._from_fields(f))
 
 

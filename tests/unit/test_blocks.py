@@ -109,7 +109,8 @@ def test_one_request_alone_is_bitwise_hf(spans, reference_model):
 
 @torch.no_grad()
 def test_batched_segments_equal_separate_requests(spans, tiny_checkpoint):
-    """Steps of three sessions (different lengths, padding, prefill and decode) in one pass."""
+    """Steps of three sessions (different lengths, padding, prefill and decode, deep prompts in
+    one) in one pass."""
     from bloompeer.blocks import Segment
 
     config = open_checkpoint(tiny_checkpoint).config()
@@ -127,15 +128,16 @@ def test_batched_segments_equal_separate_requests(spans, tiny_checkpoint):
             caches.append(cache)
             mask = torch.ones(batch, num_new, dtype=torch.bool)
             mask[0, 0] = num_new == 1 or cached > 0  # some padding in one session's new tokens
-            steps.append((torch.randn(batch, num_new, config.hidden_size), mask))
+            prompts = torch.randn(span.num_blocks, batch, 3, config.hidden_size) if num_new >= 3 else None
+            steps.append((torch.randn(batch, num_new, config.hidden_size), mask, prompts))
         return caches, steps
 
     torch.manual_seed(1)
     caches, steps = sessions()
-    separate = [span(h, c.begin_step(c.length, m, h.shape[1]), c) for c, (h, m) in zip(caches, steps)]
+    separate = [span(h, c.begin_step(c.length, m, h.shape[1]), c, prompts=p) for c, (h, m, p) in zip(caches, steps)]
     torch.manual_seed(1)
     caches, steps = sessions()
-    segments = [Segment(h, c.begin_step(c.length, m, h.shape[1]), c) for c, (h, m) in zip(caches, steps)]
+    segments = [Segment(h, c.begin_step(c.length, m, h.shape[1]), c, p) for c, (h, m, p) in zip(caches, steps)]
     batched = span.forward_segments(segments)
     for one, many in zip(separate, batched):
         torch.testing.assert_close(many, one, rtol=0, atol=1e-5)

@@ -15,6 +15,7 @@ MESSAGES = [
     Step(0, torch.randn(2, 3, 8), torch.tensor([[False, True, True], [True, True, True]]), torch.tensor([1, 0])),
     StepOutput(torch.randn(1, 1, 8).to(torch.bfloat16), 7),
     Step(3, torch.randn(1, 1, 8), step_id=9, push=(PushTarget("peerB", "s1"), PushTarget("peerC", "s2"))),
+    Step(0, torch.randn(2, 5, 8), prompts=torch.randn(3, 2, 4, 8)),
     PushStep("s1", Step(3, torch.randn(1, 1, 8), step_id=9, push=(PushTarget("peerC", "s2"),))),
     CloseSession(),
     ForwardRequest("m", 1, 2, torch.randn(1, 4, 8), torch.ones(1, 4, dtype=torch.bool)),

@@ -123,9 +123,9 @@ async def test_batches_respect_max_batch_tokens_and_inference_goes_first(span, c
     passes = []
     original = span.forward_segments
 
-    def recording(segments, start=None, end=None, prompts=None):
+    def recording(segments, start=None, end=None):
         passes.append(sum(s.hidden.shape[0] * s.hidden.shape[1] for s in segments))
-        return original(segments, start, end, prompts)
+        return original(segments, start, end)
 
     monkeypatch.setattr(span, "forward_segments", recording)
     blocker = asyncio.Event()
@@ -157,9 +157,10 @@ async def test_a_long_prefill_runs_in_chunks_with_the_same_result(span, compute)
     runner = asyncio.create_task(scheduler.run())
     try:
         hidden = torch.randn(2, 13, CONFIG.hidden_size)  # 26 rows: 4 chunks of at most 4 tokens x 2 rows
-        chunked = await scheduler.step(_session(span, 2, 0), Step(0, hidden))
+        prompts = torch.randn(span.num_blocks, 2, 6, CONFIG.hidden_size)  # deep prompts over 2 of the chunks
+        chunked = await scheduler.step(_session(span, 2, 0), Step(0, hidden, prompts=prompts))
         with torch.inference_mode():
-            whole = span(hidden, None)
+            whole = span(hidden, None, prompts=prompts)
         torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-5)
         with pytest.raises(ProtocolError) as info:
             await scheduler.step(_session(span, 9, 0), Step(0, torch.randn(9, 1, 32)))  # 9 rows > 8 per pass

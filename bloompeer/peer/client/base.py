@@ -109,18 +109,15 @@ class DistributedBloomModel(BloomPreTrainedModel):
 
     def _step(self, session, cache: RemoteCache | None, inputs_embeds: torch.Tensor,
               attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """One inference step; a session's first step starts with the input prompts (ptune), which
-        then stay in the servers' caches before the text."""
-        if self.tuning_mode == "deep_ptune":
-            raise NotImplementedError("generation with deep prompts is not supported yet (servers would have to add "
-                                      "them to their caches); train with tuning_mode='ptune' to generate, or use "
-                                      "forward()")
-        num_new = inputs_embeds.shape[1]
+        """One inference step; a session's first step starts with the prompts (input prompts, and
+        deep prompts that the servers add there), which then stay in their caches before the text."""
+        num_new, deep_prompts = inputs_embeds.shape[1], None
         if session.position == 0:
-            inputs_embeds, attention_mask, _ = self._with_prompts(inputs_embeds, attention_mask)
+            inputs_embeds, attention_mask, deep_prompts = self._with_prompts(inputs_embeds, attention_mask)
         hidden = self.word_embeddings_layernorm(inputs_embeds)  # [batch, new (+ prompts), hidden]
         hypo_ids = cache.take_hypo_ids() if cache is not None else None
-        hidden = self.swarm.step(session, hidden, _wire_padding_mask(attention_mask, hidden.shape[1]), hypo_ids)
+        padding_mask = _wire_padding_mask(attention_mask, hidden.shape[1])
+        hidden = self.swarm.step(session, hidden, padding_mask, hypo_ids, deep_prompts)
         return hidden[:, -num_new:]
 
 

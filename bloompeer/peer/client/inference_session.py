@@ -13,6 +13,7 @@ output is the same as without the fault.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -42,13 +43,15 @@ class _StepInput:
     hidden: torch.Tensor  # [batch, new, hidden_size]
     padding_mask: torch.Tensor | None
     hypo_ids: torch.Tensor | None
+    prompts: torch.Tensor | None = None  # [all blocks, batch, k, hidden_size]: each span gets its blocks' part
 
-    def message(self, step_id: int, push: tuple[PushTarget, ...] = ()) -> Step:
-        return Step(self.position, self.hidden, self.padding_mask, self.hypo_ids, step_id, push)
+    def message(self, step_id: int, route: SpanRoute, push: tuple[PushTarget, ...] = ()) -> Step:
+        prompts = None if self.prompts is None else self.prompts[route.start:route.end]
+        return Step(self.position, self.hidden, self.padding_mask, self.hypo_ids, step_id, push, prompts)
 
     def with_hidden(self, hidden: torch.Tensor) -> _StepInput:
         """The same step as the next span receives it."""
-        return _StepInput(self.position, hidden, self.padding_mask, self.hypo_ids)
+        return dataclasses.replace(self, hidden=hidden)
 
     def truncated(self, position: int) -> _StepInput | None:
         """This step without its tokens at `position` and after (None if nothing is left)."""
@@ -58,7 +61,8 @@ class _StepInput:
         if keep >= self.hidden.shape[1]:
             return self
         mask = None if self.padding_mask is None else self.padding_mask[:, :keep]
-        return _StepInput(self.position, self.hidden[:, :keep], mask, self.hypo_ids)
+        prompts = None if self.prompts is None else self.prompts[:, :, :keep]
+        return _StepInput(self.position, self.hidden[:, :keep], mask, self.hypo_ids, prompts)
 
 
 @dataclass
@@ -84,11 +88,12 @@ class InferenceSession:
         return [span.route for span in self._spans]
 
     async def step(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None,
-                   hypo_ids: torch.Tensor | None = None) -> torch.Tensor:
+                   hypo_ids: torch.Tensor | None = None, prompts: torch.Tensor | None = None) -> torch.Tensor:
         """hidden: [batch, new, hidden_size] after the embeddings -> the last block's output.
 
         padding_mask: [batch, new] bool, False at padding. hypo_ids: [batch] beam reordering of
-        the rows cached so far.
+        the rows cached so far. prompts: [all blocks, batch, k <= new, hidden_size] deep prompts
+        for the first k new tokens (sent span by span, never pushed).
         """
         if self._closed:
             raise RuntimeError("this inference session is closed")
@@ -100,8 +105,9 @@ class InferenceSession:
             await self.open(hidden.shape[0])
         elif hidden.shape[0] != self.batch:
             raise ValueError(f"the session was opened for batch {self.batch}, got {hidden.shape[0]} rows")
-        step = _StepInput(self.position, hidden, padding_mask, hypo_ids)
-        pushed = await self._push_along(step) if self.config.push and len(self._spans) > 1 else []
+        step = _StepInput(self.position, hidden, padding_mask, hypo_ids, prompts)
+        push = self.config.push and len(self._spans) > 1 and prompts is None
+        pushed = await self._push_along(step) if push else []
         index = 0
         while index < len(self._spans):
             span = self._spans[index]
@@ -111,7 +117,7 @@ class InferenceSession:
                     if isinstance(output, BaseException):
                         raise output
                 else:
-                    output = await span.session.step(step.message(next(self._step_ids)))
+                    output = await span.session.step(step.message(next(self._step_ids), span.route))
             except RemoteError as exc:
                 self._spans[index:index + 1], pushed = await self._replace(span, exc), []
                 continue  # the same step, on the new spans, one by one
@@ -137,7 +143,7 @@ class InferenceSession:
         step_id = next(self._step_ids)
         hops = tuple(PushTarget(span.route.peer_id_str, span.session.session_id) for span in self._spans[1:])
         try:
-            await self._spans[0].session.send(step.message(step_id, hops))
+            await self._spans[0].session.send(step.message(step_id, self._spans[0].route, hops))
         except RemoteError as exc:
             return [exc]
         answers = await asyncio.gather(*(span.session.receive(step_id, step.hidden) for span in self._spans),
@@ -150,8 +156,8 @@ class InferenceSession:
     async def _found_lying(self, span: _Span, step: _StepInput, output: torch.Tensor) -> bool:
         """Recompute the span's output elsewhere; True if its server turned out to be wrong."""
         history = span.inputs + [step]
-        if any(item.hypo_ids is not None for item in history):
-            return False  # beam reordering is not replayable as one forward
+        if any(item.hypo_ids is not None or item.prompts is not None for item in history):
+            return False  # beam reordering and deep prompts are not checked (not replayable as one plain forward)
         inputs = torch.cat([item.hidden for item in history], dim=1)
         masks = [item.padding_mask if item.padding_mask is not None else
                  torch.ones(item.hidden.shape[:2], dtype=torch.bool) for item in history]
@@ -210,7 +216,8 @@ class InferenceSession:
         for span in spans:
             outputs = []
             for step in inputs:
-                outputs.append(step.with_hidden(await span.session.step(step.message(next(self._step_ids)))))
+                message = step.message(next(self._step_ids), span.route)
+                outputs.append(step.with_hidden(await span.session.step(message)))
             span.inputs, inputs = list(inputs), outputs
 
     def rewind(self, position: int) -> None:

@@ -81,6 +81,7 @@ class SpanBackend:
         if step.position + num_new > cache.max_length:
             raise ProtocolError(f"{step.position} + {num_new} tokens exceed the session's max_length "
                                 f"{cache.max_length}", ErrorCode.TOO_LARGE)
+        self._check_prompts(step.prompts, cache.end - cache.start, step.hidden)
         hypo_ids = step.hypo_ids
         if hypo_ids is not None and (hypo_ids.shape != (cache.batch,) or not bool(
                 ((hypo_ids >= 0) & (hypo_ids < cache.batch)).all())):
@@ -95,13 +96,15 @@ class SpanBackend:
         self._check_hidden(request.hidden, request.padding_mask)
         self._check_limit("batch", request.hidden.shape[0], self.config.max_batch)
         self._check_limit("length", request.hidden.shape[1], self.config.max_length)
-        prompts = request.prompts
-        if prompts is not None and (prompts.ndim != 4 or prompts.shape[0] != request.end - request.start
-                                    or prompts.shape[1] != request.hidden.shape[0]
-                                    or prompts.shape[2] > request.hidden.shape[1]
-                                    or prompts.shape[3] != self.hidden_size):
-            raise ProtocolError(f"prompts must be [{request.end - request.start} blocks, batch, prompt length <= "
-                                f"{request.hidden.shape[1]}, {self.hidden_size}], got {list(prompts.shape)}")
+        self._check_prompts(request.prompts, request.end - request.start, request.hidden)
+
+    def _check_prompts(self, prompts: torch.Tensor | None, num_blocks: int, hidden: torch.Tensor) -> None:
+        """Deep prompts: [num_blocks, batch, 1 <= k <= the request's tokens, hidden_size]."""
+        batch, length = hidden.shape[:2]
+        if prompts is not None and (prompts.ndim != 4 or prompts.shape[:2] != (num_blocks, batch)
+                                    or not 1 <= prompts.shape[2] <= length or prompts.shape[3] != self.hidden_size):
+            raise ProtocolError(f"prompts must be [{num_blocks} blocks, {batch}, 1..{length} tokens, "
+                                f"{self.hidden_size}], got {list(prompts.shape)}")
 
     async def forward(self, request: ForwardRequest) -> torch.Tensor:
         self._check_whole_sequences(request)

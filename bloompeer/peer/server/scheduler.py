@@ -52,6 +52,13 @@ class _Work:
     future: asyncio.Future = field(compare=False, default=None)
 
 
+def _prompts_within(prompts: torch.Tensor | None, begin: int, end: int) -> torch.Tensor | None:
+    """The deep prompts for the new tokens [begin, end) of a step (they cover its first k tokens)."""
+    if prompts is None or begin >= prompts.shape[2]:
+        return None
+    return prompts[:, :, begin:end]
+
+
 class Scheduler:
     def __init__(self, span: BlockSpan, compute: ComputeWorker, max_batch_tokens: int, device: str,
                  dtype: torch.dtype):
@@ -75,7 +82,7 @@ class Scheduler:
             end = min(num_new, begin + chunk)
             part = Step(step.position + begin, step.hidden[:, begin:end],
                         None if step.padding_mask is None else step.padding_mask[:, begin:end],
-                        step.hypo_ids if begin == 0 else None)
+                        step.hypo_ids if begin == 0 else None, prompts=_prompts_within(step.prompts, begin, end))
             outputs.append(await self._submit(self._inference_work(cache, part)))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
@@ -88,7 +95,7 @@ class Scheduler:
                 cache.reorder(step.hypo_ids.to(self.device))
             hidden = step.hidden.to(self.device, self.dtype)
             mask = None if step.padding_mask is None else step.padding_mask.to(self.device)
-            return Segment(hidden, cache.begin_step(step.position, mask, num_new), cache)
+            return Segment(hidden, cache.begin_step(step.position, mask, num_new), cache, self._on_device(step.prompts))
 
         def rollback() -> None:
             cache.length = length_before
