@@ -25,7 +25,7 @@ import os
 from collections.abc import Sequence
 from typing import ClassVar
 
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import P2P, P2PDaemonError, PeerID
 
 from .framing import read_frame, write_frame
 
@@ -37,6 +37,7 @@ RELAY_DATA_LIMIT = 16 << 30  # bytes per relayed connection and direction
 RELAY_TIME_LIMIT = "24h"
 RELAY_START_ATTEMPTS = 3
 SELF_CHECK_BYTES = 512 << 10  # more than go-libp2p's default limit of 128 KiB
+SELF_CHECK_OPEN_S = 10.0
 _SELF_CHECK_PROTOCOL = "bloompeer.relay-check/1"
 
 
@@ -94,6 +95,21 @@ def _go_single_thread():
             os.environ["GOMAXPROCS"] = previous
 
 
+async def _open_when_routable(behind: P2P, hidden: PeerID):
+    """A stream to `hidden` through the relay. Just after the peers start, `behind` may not know a
+    route to `hidden` yet ("failed to find any peer in table") or `hidden` may not hold its
+    reservation yet: both pass within moments, so opening is retried until SELF_CHECK_OPEN_S."""
+    deadline = asyncio.get_running_loop().time() + SELF_CHECK_OPEN_S
+    while True:
+        try:
+            return await asyncio.wait_for(behind.call_binary_stream_handler(hidden, _SELF_CHECK_PROTOCOL), 5)
+        except (P2PDaemonError, asyncio.TimeoutError) as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            logger.debug("Relay self-check: no stream yet (%r); retrying", exc)
+            await asyncio.sleep(0.1)
+
+
 async def _relays_large_streams(relay: P2P) -> bool:
     """Send more than libp2p's default relay limit through `relay`, between two throwaway peers."""
     loopback = [str(a) for a in await relay.get_visible_maddrs() if "/127.0.0.1/" in str(a)]
@@ -113,9 +129,7 @@ async def _relays_large_streams(relay: P2P) -> bool:
 
         await hidden.add_binary_stream_handler(_SELF_CHECK_PROTOCOL, echo)
         behind = await P2P.create(initial_peers=loopback, dht_mode="client")
-        _, reader, writer = await asyncio.wait_for(
-            behind.call_binary_stream_handler(PeerID.from_base58(hidden.peer_id.to_base58()), _SELF_CHECK_PROTOCOL),
-            10)
+        _, reader, writer = await _open_when_routable(behind, PeerID.from_base58(hidden.peer_id.to_base58()))
         chunk = os.urandom(64 << 10)
         for _ in range(SELF_CHECK_BYTES // len(chunk)):
             await write_frame(writer, {"d": chunk})
