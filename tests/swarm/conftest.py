@@ -77,8 +77,9 @@ def start_servers(swarm, fresh_model):
         server.stop()
 
 
-def swarm_client(swarm, model_path, **config) -> DistributedBloomForCausalLM:
+def swarm_client(swarm, model_path, tuning_mode=None, pre_seq_len=0, **config) -> DistributedBloomForCausalLM:
     """A client of `model_path` on the shared swarm, with short timeouts so faults show quickly."""
     network = NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True)
     settings = dict(request_timeout_s=3.0, swarm_refresh_period_s=1.0, poll_period_s=0.5) | config
-    return DistributedBloomForCausalLM.from_pretrained(model_path, client_config=ClientConfig(network, **settings))
+    return DistributedBloomForCausalLM.from_pretrained(model_path, client_config=ClientConfig(network, **settings),
+                                                       tuning_mode=tuning_mode, pre_seq_len=pre_seq_len)

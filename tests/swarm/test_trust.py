@@ -37,6 +37,20 @@ def test_a_lying_server_is_caught_by_a_second_server_and_routed_around(swarm, fr
     assert any(liar.peer_id_str in r.message and "relative error" in r.message for r in caplog.records)
 
 
+def test_a_lie_is_caught_in_a_session_with_deep_prompts(swarm, fresh_model, start_servers):
+    """The check recomputes the span with the session's deep prompts: the liar is caught at the
+    first (prompted) step, and the honest servers, agreeing with each other, are not blamed."""
+    liar = start_servers([(0, 4)], *FAST, program=LIAR)[0]
+    honest = start_servers([(0, 4), (0, 4)])
+    with swarm_client(swarm, fresh_model, verify_fraction=1.0, tuning_mode="deep_ptune", pre_seq_len=2) as model:
+        with torch.no_grad():
+            model.transformer.intermediate_prompt_embeddings.weight.normal_(std=0.5)
+        tokens = _generate(model)
+        banned = model.swarm.swarm.bans.banned()
+        assert liar.peer_id_str in banned and not any(server.peer_id_str in banned for server in honest)
+        assert _generate(model).tolist() == tokens.tolist()  # again, with the liar banned from the start
+
+
 def test_without_verification_the_lie_goes_through(swarm, fresh_model, start_servers, reference_model):
     """The control experiment: unchecked, the liar's outputs reach the client."""
     start_servers([(0, 4)], *FAST, program=LIAR)

@@ -156,13 +156,15 @@ class InferenceSession:
     async def _found_lying(self, span: _Span, step: _StepInput, output: torch.Tensor) -> bool:
         """Recompute the span's output elsewhere; True if its server turned out to be wrong."""
         history = span.inputs + [step]
-        if any(item.hypo_ids is not None or item.prompts is not None for item in history):
-            return False  # beam reordering and deep prompts are not checked (not replayable as one plain forward)
+        if any(item.hypo_ids is not None for item in history) or any(item.prompts is not None for item in history[1:]):
+            return False  # not replayable as one forward: beam reordering; deep prompts not at the start
         inputs = torch.cat([item.hidden for item in history], dim=1)
         masks = [item.padding_mask if item.padding_mask is not None else
                  torch.ones(item.hidden.shape[:2], dtype=torch.bool) for item in history]
         mask = torch.cat(masks, dim=1) if any(item.padding_mask is not None for item in history) else None
-        liars = await self.verifier.find_liars(span.route, inputs, mask, output)
+        prompts = history[0].prompts
+        prompts = None if prompts is None else prompts[span.route.start:span.route.end]
+        liars = await self.verifier.find_liars(span.route, inputs, mask, output, prompts)
         return span.route.peer_id_str in liars
 
     async def _build_after_lie(self, liar: _Span) -> list[_Span]:

@@ -10,6 +10,7 @@ found wrong is banned for the rest of the session and its work is redone on anot
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections.abc import Collection
@@ -51,11 +52,13 @@ class LocalBlocks:
         self.checkpoint, self.dtype = checkpoint, dtype
         self._spans: dict[tuple[int, int], BlockSpan] = {}
 
-    def forward(self, start: int, end: int, hidden: torch.Tensor, padding_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, start: int, end: int, hidden: torch.Tensor, padding_mask: torch.Tensor | None,
+                prompts: torch.Tensor | None) -> torch.Tensor:
         if (start, end) not in self._spans:
             self._spans[start, end] = BlockSpan.from_checkpoint(self.checkpoint, start, end, self.dtype)
+        prompts = None if prompts is None else prompts.to(self.dtype)
         with torch.inference_mode():
-            return self._spans[start, end](hidden.to(self.dtype), padding_mask).to(hidden.dtype)
+            return self._spans[start, end](hidden.to(self.dtype), padding_mask, prompts=prompts).to(hidden.dtype)
 
 
 class OutputVerifier:
@@ -66,15 +69,16 @@ class OutputVerifier:
         return self.config.verify_fraction > 0 and random.random() < self.config.verify_fraction
 
     async def find_liars(self, route: SpanRoute, inputs: torch.Tensor, padding_mask: torch.Tensor | None,
-                         output: torch.Tensor) -> set[str]:
+                         output: torch.Tensor, prompts: torch.Tensor | None = None) -> set[str]:
         """Peers (the span's server, or the one checking it) found to compute these blocks wrongly.
 
-        inputs: [batch, length, hidden], everything the span received so far; output: what its
-        server returned for the last output.shape[1] tokens. Empty if the output checks out, or if
-        nobody else can compute these blocks.
+        inputs: [batch, length, hidden], everything the span received so far (with its deep
+        `prompts`, if any); output: what its server returned for the last output.shape[1] tokens.
+        Empty if the output checks out, or if nobody else can compute these blocks.
         """
         num_new, primary = output.shape[1], route.peer_id_str
-        second = await self._opinion(route, inputs, padding_mask, {primary})
+        opinion = functools.partial(self._opinion, route, inputs, padding_mask, prompts)
+        second = await opinion({primary})
         if second is None:
             logger.debug("No second opinion available for blocks %d:%d", route.start, route.end)
             return set()
@@ -83,7 +87,7 @@ class OutputVerifier:
         error = relative_error(output, checked)
         if error <= tolerance:
             return set()
-        arbiter = await self._opinion(route, inputs, padding_mask, {primary, checker})
+        arbiter = await opinion({primary, checker})
         if arbiter is None:
             logger.warning("Servers %s and %s disagree on blocks %d:%d (relative error %.3g) and nobody else can "
                            "tell which is wrong: trusting neither", primary, checker, route.start, route.end, error)
@@ -98,18 +102,18 @@ class OutputVerifier:
         return liars
 
     async def _opinion(self, route: SpanRoute, inputs: torch.Tensor, padding_mask: torch.Tensor | None,
-                       exclude: Collection[str]) -> tuple[str, torch.Tensor] | None:
+                       prompts: torch.Tensor | None, exclude: Collection[str]) -> tuple[str, torch.Tensor] | None:
         """("peer id" or "local", output of blocks [start, end) for `inputs`), or None if nobody else can."""
         for peer in self._servers_covering(route, exclude):
             try:
                 piece = SpanRoute(peer, route.start, route.end)
                 return peer, await remote_forward(self.p2p, piece, self.swarm.model_uid, inputs, padding_mask,
-                                                  self.config.request_timeout_s)
+                                                  self.config.request_timeout_s, prompts)
             except RemoteError as exc:
                 logger.debug("Could not get a second opinion from %s: %s", peer, exc)
         if self.local is not None and "local" not in exclude and route.end - route.start <= LOCAL_MAX_BLOCKS:
             output = await asyncio.get_running_loop().run_in_executor(
-                None, self.local.forward, route.start, route.end, inputs, padding_mask)
+                None, self.local.forward, route.start, route.end, inputs, padding_mask, prompts)
             return "local", output
         return None
 
