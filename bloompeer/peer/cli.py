@@ -29,7 +29,7 @@ logger = logging.getLogger("bloompeer")
 INITIAL_PEERS_ENV = "BLOOMPEER_INITIAL_PEERS"
 
 
-def _add_network_flags(parser: argparse.ArgumentParser, listen_default: str) -> None:
+def _add_network_flags(parser: argparse.ArgumentParser, listen_default: str) -> argparse._ArgumentGroup:
     group = parser.add_argument_group("network")
     group.add_argument("--initial-peers", nargs="+", metavar="MADDR", default=None,
                        help=f"multiaddrs of peers already in the swarm, e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm... "
@@ -41,6 +41,7 @@ def _add_network_flags(parser: argparse.ArgumentParser, listen_default: str) -> 
                             "forwarded port: /ip4/203.0.113.5/tcp/31337")
     group.add_argument("--identity-path", metavar="FILE", default=None,
                        help="private key file that keeps this peer's id across restarts (created if missing)")
+    return group
 
 
 def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
@@ -125,10 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="compute and cache dtype (default: float32)")
     _add_limit_flags(serve)
-    _add_network_flags(serve, "/ip4/0.0.0.0/tcp/0")
-    serve.add_argument("--no-relay", action="store_true",
-                       help="do not relay traffic for peers behind NAT (by default a directly reachable server "
-                            "relays for them, up to 16 GiB and 24 h per connection)")
+    network = _add_network_flags(serve, "/ip4/0.0.0.0/tcp/0")
+    network.add_argument("--no-relay", action="store_true",
+                         help="do not relay traffic for peers behind NAT (by default a directly reachable server "
+                              "relays for them, up to 16 GiB and 24 h per connection). A server that cannot be "
+                              "reached itself is served through its --initial-peers in any case")
 
     from .generate_command import add_generate_parser
     from .status_command import add_status_parser
