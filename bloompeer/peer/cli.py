@@ -108,7 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     dht = commands.add_parser("dht", help="run a bootstrap peer that others join through",
                               description="Run a bootstrap peer. Prints its multiaddrs, one per line: give one "
-                                          "of them to servers and clients with --initial-peers.")
+                                          "of them to servers and clients with --initial-peers. It also relays "
+                                          "for servers behind NAT (up to 16 GiB and 24 h per connection), so "
+                                          "run it where it can be reached: a public IP, or a forwarded port "
+                                          "with --announce-maddrs.")
     dht.add_argument("--maddrs-file", metavar="FILE", default=None,
                      help="also write the multiaddrs to FILE once the peer is up (for scripts and containers)")
     _add_network_flags(dht, "/ip4/0.0.0.0/tcp/0")
