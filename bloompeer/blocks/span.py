@@ -175,7 +175,6 @@ class BlockSpan(nn.Module):
         return context.reshape(batch, num_new, heads * head_dim)
 
 
-
 def _with_prompts(hidden: torch.Tensor, segments: Sequence[Segment], rows: list[int], index: int) -> torch.Tensor:
     """Add block `index`'s deep prompts of every segment that has some; hidden is one segment's
     [batch, num_new, hidden], or all segments' rows flattened into [rows, hidden]."""

@@ -106,8 +106,7 @@ class DistributedBloomModel(BloomPreTrainedModel):
             hidden = hidden[:, self.pre_seq_len:]
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=self.ln_f(hidden), cache=cache)
 
-
-    def _step(self, session, cache: RemoteCache | None, inputs_embeds: torch.Tensor,
+    def _step(self, session: InferenceSession, cache: RemoteCache | None, inputs_embeds: torch.Tensor,
               attention_mask: torch.Tensor | None) -> torch.Tensor:
         """One inference step; a session's first step starts with the prompts (input prompts, and
         deep prompts that the servers add there), which then stay in their caches before the text."""

@@ -1,8 +1,8 @@
 """DistributedBloomForCausalLM: a transformers causal LM whose transformer blocks run in the swarm.
 
 generate() works as for a local model: the cache it is given is a RemoteCache over a server-side
-inference session. The LM head is tied to the word embeddings, as in BLOOM. With trained input
-prompts (tuning_mode="ptune"), a session holds them before the text: it is opened that much longer.
+inference session. The LM head is tied to the word embeddings, as in BLOOM. With trained prompts
+(tuning_mode), a session holds them before the text: it is opened that much longer.
 """
 
 from __future__ import annotations

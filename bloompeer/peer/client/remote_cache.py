@@ -2,9 +2,8 @@
 
 transformers (5.x) passes a `Cache` to every forward during generation and slices the input
 ids by its length. The keys and values live on the servers; this object only reports how many
-tokens they hold, and carries beam search's reordering to the next step. Trained input prompts
-(ptune) sit in the session before the text; the cache counts only the text's tokens, as
-generate() expects.
+tokens they hold, and carries beam search's reordering to the next step. Trained prompts sit in
+the session before the text; the cache counts only the text's tokens, as generate() expects.
 """
 
 from __future__ import annotations
