@@ -12,7 +12,8 @@ import torch
 from .conftest import swarm_client
 
 LIAR = [sys.executable, str(Path(__file__).parent.parent / "helpers" / "lying_server.py")]
-FAST = ("--throughput", "1e6")  # announced as very fast, so routing prefers it
+FAST = ("--throughput", "1e6")  # announced as very fast, so routing prefers it ...
+SLOW = ("--throughput", "1")  # ... to honest servers announced as slow (not by a few ms of ping noise)
 PROMPT = torch.tensor([[1, 40, 41, 42]])
 
 
@@ -29,7 +30,7 @@ def _expected(reference_model, tokens=12):
 def test_a_lying_server_is_caught_by_a_second_server_and_routed_around(swarm, fresh_model, start_servers,
                                                                       reference_model, caplog):
     liar = start_servers([(0, 4)], *FAST, program=LIAR)[0]
-    start_servers([(0, 4), (0, 4)])
+    start_servers([(0, 4), (0, 4)], *SLOW)
     with caplog.at_level(logging.WARNING), swarm_client(swarm, fresh_model, verify_fraction=1.0) as model:
         tokens = _generate(model)
         assert liar.peer_id_str in model.swarm.swarm.bans.banned()
@@ -41,7 +42,7 @@ def test_a_lie_is_caught_in_a_session_with_deep_prompts(swarm, fresh_model, star
     """The check recomputes the span with the session's deep prompts: the liar is caught at the
     first (prompted) step, and the honest servers, agreeing with each other, are not blamed."""
     liar = start_servers([(0, 4)], *FAST, program=LIAR)[0]
-    honest = start_servers([(0, 4), (0, 4)])
+    honest = start_servers([(0, 4), (0, 4)], *SLOW)
     with swarm_client(swarm, fresh_model, verify_fraction=1.0, tuning_mode="deep_ptune", pre_seq_len=2) as model:
         with torch.no_grad():
             model.transformer.intermediate_prompt_embeddings.weight.normal_(std=0.5)
@@ -54,7 +55,7 @@ def test_a_lie_is_caught_in_a_session_with_deep_prompts(swarm, fresh_model, star
 def test_without_verification_the_lie_goes_through(swarm, fresh_model, start_servers, reference_model):
     """The control experiment: unchecked, the liar's outputs reach the client."""
     start_servers([(0, 4)], *FAST, program=LIAR)
-    start_servers([(0, 4)])
+    start_servers([(0, 4)], *SLOW)
     with swarm_client(swarm, fresh_model) as model, torch.inference_mode():
         difference = (model(PROMPT).logits - reference_model(PROMPT).logits).abs().max()
     assert difference > 1e-2
@@ -64,7 +65,7 @@ def test_the_client_checks_a_lone_server_against_its_own_copy_of_the_blocks(swar
                                                                            reference_model):
     """No second server holds all of 0:2, so the client recomputes those blocks from its checkpoint."""
     liar = start_servers([(0, 2)], *FAST, program=LIAR)[0]
-    start_servers([(0, 1), (1, 2), (2, 4)])
+    start_servers([(0, 1), (1, 2), (2, 4)], *SLOW)
     with swarm_client(swarm, fresh_model, verify_fraction=1.0) as model:
         tokens = _generate(model)
         assert liar.peer_id_str in model.swarm.swarm.bans.banned()
