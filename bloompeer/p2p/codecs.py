@@ -39,8 +39,7 @@ def _from_raw(data: bytes, dtype: torch.dtype) -> torch.Tensor:
 def encoded_nbytes(codec: str, numel: int, dtype: torch.dtype) -> int:
     """The exact byte length of `numel` values of `dtype` packed with `codec`."""
     if codec == "raw":
-        element = torch.empty((), dtype=torch.int16 if dtype == torch.bfloat16 else dtype).element_size()
-        return numel * element
+        return numel * dtype.itemsize
     if codec in _HALF:
         return 2 * numel
     return 4 * math.ceil(numel / BLOCK) + numel  # int8-blockwise: scales, then values

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import os
 import signal
@@ -79,12 +78,13 @@ def _initial_peers(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(os.environ.get(INITIAL_PEERS_ENV, "").split())
 
 
-def _network_config(args: argparse.Namespace, client_mode: bool = False):
+def _network_config(args: argparse.Namespace, client_mode: bool = False, relay_for_others: bool = False):
     from ..p2p import NetworkConfig
 
     return NetworkConfig(
         initial_peers=_initial_peers(args), host_maddrs=tuple(args.host_maddrs),
         announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity_path, client_mode=client_mode,
+        relay_for_others=relay_for_others,
     )
 
 
@@ -164,7 +164,7 @@ async def _reachable_first(node) -> list[str]:
 async def run_dht(args: argparse.Namespace) -> int:
     from ..p2p import PeerNode
 
-    node = await PeerNode.create(dataclasses.replace(_network_config(args), relay_for_others=True))
+    node = await PeerNode.create(_network_config(args, relay_for_others=True))
     try:
         maddrs = await _reachable_first(node)
         for maddr in maddrs:
@@ -185,7 +185,7 @@ async def run_serve(args: argparse.Namespace) -> int:
     start, end = args.blocks or (None, None)
     config = ServerConfig(
         model=args.model, start=start, end=end, num_blocks=args.num_blocks,
-        network=dataclasses.replace(_network_config(args), relay_for_others=not args.no_relay),
+        network=_network_config(args, relay_for_others=not args.no_relay),
         device=args.device, dtype=args.dtype, cache_tokens=args.cache_tokens, session_timeout_s=args.session_timeout,
         max_batch_tokens=args.max_batch_tokens, max_step_tokens=args.max_step_tokens, max_length=args.max_length,
         max_sessions_per_peer=args.max_sessions_per_peer, max_frame_bytes=int(args.max_frame_mb * 2**20),

@@ -25,6 +25,7 @@ __all__ = ["EXIT_WITH_PARENT_ENV", "LocalSwarm", "ProcessFailed", "PeerProcess",
 logger = logging.getLogger(__name__)
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+BLOOMPEER_COMMAND = (sys.executable, "-m", "bloompeer")
 EXIT_WITH_PARENT_ENV = "BLOOMPEER_EXIT_WITH_PARENT"  # the child's cli.main arranges a SIGTERM when we die
 
 
@@ -42,7 +43,7 @@ class PeerProcess:
     """One `bloompeer` child process, its stdout lines and its stderr log file."""
 
     def __init__(self, name: str, args: Sequence[str], log_dir: Path, env: dict[str, str] | None = None,
-                 program: Sequence[str] = (sys.executable, "-m", "bloompeer")):
+                 program: Sequence[str] = BLOOMPEER_COMMAND):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")
@@ -161,7 +162,7 @@ class LocalSwarm:
         args = ["serve", "--model", str(model or self.model), *blocks, "--host-maddrs", LOOPBACK, "--no-relay",
                 "--initial-peers", *self.initial_peers, *self.server_args, *extra_args]
         server = PeerProcess(name or f"server{len(self.servers)}-{start}-{end}", args, self.log_dir, env,
-                             *([program] if program else []))
+                             program or BLOOMPEER_COMMAND)
         self.servers.append(server)
         if wait:
             server.wait_online(time.monotonic() + self.start_timeout_s)

@@ -46,8 +46,8 @@ class _StepInput:
     prompts: torch.Tensor | None = None  # [all blocks, batch, k, hidden_size]: each span gets its blocks' part
 
     def message(self, step_id: int, route: SpanRoute, push: tuple[PushTarget, ...] = ()) -> Step:
-        prompts = None if self.prompts is None else self.prompts[route.start:route.end]
-        return Step(self.position, self.hidden, self.padding_mask, self.hypo_ids, step_id, push, prompts)
+        return Step(self.position, self.hidden, self.padding_mask, self.hypo_ids, step_id, push,
+                    route.blocks_of(self.prompts))
 
     def with_hidden(self, hidden: torch.Tensor) -> _StepInput:
         """The same step as the next span receives it."""
@@ -162,8 +162,7 @@ class InferenceSession:
         masks = [item.padding_mask if item.padding_mask is not None else
                  torch.ones(item.hidden.shape[:2], dtype=torch.bool) for item in history]
         mask = torch.cat(masks, dim=1) if any(item.padding_mask is not None for item in history) else None
-        prompts = history[0].prompts
-        prompts = None if prompts is None else prompts[span.route.start:span.route.end]
+        prompts = span.route.blocks_of(history[0].prompts)
         liars = await self.verifier.find_liars(span.route, inputs, mask, output, prompts)
         return span.route.peer_id_str in liars
 

@@ -13,6 +13,8 @@ import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
+import torch
+
 from ...p2p import ServerRecord, ServerState
 
 __all__ = ["SpanRoute", "choose_route", "missing_blocks", "usable_servers", "UNKNOWN_RTT_S", "RELAY_PENALTY_S"]
@@ -30,6 +32,10 @@ class SpanRoute:
     peer_id_str: str
     start: int
     end: int
+
+    def blocks_of(self, per_block: torch.Tensor | None) -> torch.Tensor | None:
+        """This span's part of a tensor indexed by block first (deep prompts), or None."""
+        return None if per_block is None else per_block[self.start:self.end]
 
 
 def usable_servers(servers: dict[int, list[ServerRecord]], fingerprint: str | None,

@@ -45,10 +45,6 @@ class SwarmSequential:
     def __init__(self, p2p: P2P, swarm: SwarmView, config: ClientConfig):
         self.p2p, self.swarm, self.config = p2p, swarm, config
 
-    @staticmethod
-    def _prompts_for(prompts: torch.Tensor | None, route: SpanRoute) -> torch.Tensor | None:
-        return None if prompts is None else prompts[route.start:route.end]
-
     async def forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None,
                       prompts: torch.Tensor | None = None, start: int = 0,
                       end: int | None = None) -> tuple[torch.Tensor, list[_Piece]]:
@@ -61,7 +57,7 @@ class SwarmSequential:
         while start < end:
             async def run(piece: SpanRoute) -> torch.Tensor:
                 return await remote_forward(self.p2p, piece, self.swarm.model_uid, hidden, padding_mask,
-                                            self.config.request_timeout_s, self._prompts_for(prompts, piece),
+                                            self.config.request_timeout_s, piece.blocks_of(prompts),
                                             self.config.wire_codec)
 
             piece, output = await self._first_piece(start, end, run)
@@ -82,7 +78,7 @@ class SwarmSequential:
         try:
             grad_hidden, piece_grad_prompts = await remote_backward(
                 self.p2p, piece.route, self.swarm.model_uid, piece.hidden, grad_output, padding_mask,
-                self.config.request_timeout_s, self._prompts_for(prompts, piece.route), self.config.wire_codec)
+                self.config.request_timeout_s, piece.route.blocks_of(prompts), self.config.wire_codec)
         except RemoteError as exc:
             self.swarm.bans.ban(exc.peer, str(exc))
             # the blocks of the failed piece, on new servers: their inputs first, then back through them

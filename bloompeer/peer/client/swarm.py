@@ -65,9 +65,6 @@ class SwarmView:
             except Exception:
                 logger.warning("Could not refresh the view of the swarm", exc_info=True)
 
-    def _excluded(self) -> set[str]:
-        return self.bans.banned()
-
     async def route(self, start: int = 0, end: int | None = None, min_cache_tokens: int = 0,
                     timeout_s: float = 60.0, poll_period_s: float = 1.0) -> list[SpanRoute]:
         """The fastest route through blocks [start, end), waiting (with a message) while some block
@@ -78,13 +75,14 @@ class SwarmView:
         if time.monotonic() - self._updated_at > self.refresh_period_s:
             await self.refresh()
         while True:
-            route = choose_route(self.servers, start, end, self.rtts_s, self._excluded(), min_cache_tokens)
+            banned = self.bans.banned()
+            route = choose_route(self.servers, start, end, self.rtts_s, banned, min_cache_tokens)
             if route is not None:
                 logger.info("Route for blocks %d:%d: %s", start, end,
                             " -> ".join(f"{r.peer_id_str[-8:]}[{r.start}:{r.end}]" for r in route))
                 return route
             # no gap but no route: every block has a server, but not enough of them have cache room
-            missing = missing_blocks(self.servers, start, end, self._excluded()) or list(range(start, end))
+            missing = missing_blocks(self.servers, start, end, banned) or list(range(start, end))
             waited_s = time.monotonic() - started
             if waited_s >= timeout_s:
                 raise MissingBlocksError(self.model_uid, missing, waited_s)

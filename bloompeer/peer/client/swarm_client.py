@@ -69,7 +69,6 @@ class SwarmClient:
         respect to `hidden` and the deep `prompts` ([num_blocks, batch, prompt_length, hidden])."""
         return ThroughSwarm.apply(hidden, prompts, (self.sequential, self.runtime.run), padding_mask)
 
-
     def shutdown(self) -> None:
         if self.runtime is None:
             return

@@ -93,8 +93,7 @@ class Scheduler:
         def segment() -> Segment:
             if step.hypo_ids is not None:
                 cache.reorder(step.hypo_ids.to(self.device))
-            hidden = step.hidden.to(self.device, self.dtype)
-            mask = None if step.padding_mask is None else step.padding_mask.to(self.device)
+            hidden, mask = self._on_device(step.hidden), self._on_device(step.padding_mask)
             return Segment(hidden, cache.begin_step(step.position, mask, num_new), cache, self._on_device(step.prompts))
 
         def rollback() -> None:
