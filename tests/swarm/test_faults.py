@@ -36,7 +36,7 @@ class _AtToken(LogitsProcessor):
 
 
 def _server_of_first_span(model, servers):
-    peer = model._generate_session.route[0].peer_id_str
+    peer = model.active_session.route[0].peer_id_str
     return next(server for server in servers if server.peer_id_str == peer)
 
 

@@ -10,6 +10,7 @@ before every block (the servers add them; their weights stay frozen).
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import torch
 from torch import nn
@@ -24,7 +25,7 @@ from .inference_session import InferenceSession
 from .remote_cache import RemoteCache
 from .swarm_client import SwarmClient
 
-__all__ = ["DistributedBloomModel", "DistributedModelMixin", "TUNING_MODES"]
+__all__ = ["CallsInThisThread", "DistributedBloomModel", "DistributedModelMixin", "TUNING_MODES"]
 
 TUNING_MODES = (None, "ptune", "deep_ptune")
 
@@ -35,6 +36,23 @@ def _wire_padding_mask(attention_mask: torch.Tensor | None, num_new: int) -> tor
         return None
     mask = attention_mask[:, -num_new:].bool()
     return None if bool(mask.all()) else mask
+
+
+class CallsInThisThread(threading.local):
+    """The sessions of the calls running in the current thread.
+
+    One model object serves many threads at once (an HTTP server calls it from every request), so
+    what a call opens never lives on the model itself: each thread sees only its own sessions, and
+    one call can neither use nor close another's.
+    """
+
+    def __init__(self):
+        self.kept_session: InferenceSession | None = None  # from model.inference_session(), across calls
+        self.generate_session: InferenceSession | None = None  # opened by the running generate(), closed by it
+
+    @property
+    def active_session(self) -> InferenceSession | None:
+        return self.kept_session or self.generate_session
 
 
 class DistributedBloomModel(BloomPreTrainedModel):
@@ -53,7 +71,7 @@ class DistributedBloomModel(BloomPreTrainedModel):
         if tuning_mode == "deep_ptune":
             self.intermediate_prompt_embeddings = nn.Embedding(pre_seq_len, config.n_layer * config.hidden_size)
         self.swarm: SwarmClient | None = None
-        self.active_session: InferenceSession | None = None
+        self.calls = CallsInThisThread()
         self.post_init()
 
     def init_prompts(self) -> None:
@@ -96,7 +114,7 @@ class DistributedBloomModel(BloomPreTrainedModel):
                              "model.inference_session() instead of passing a cache")
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
-        session = cache.session if isinstance(cache, RemoteCache) else self.active_session
+        session = cache.session if isinstance(cache, RemoteCache) else self.calls.kept_session
         if session is not None:
             hidden = self._step(session, cache, inputs_embeds, attention_mask)
         else:

@@ -31,7 +31,6 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
         self.transformer = DistributedBloomModel(config, tuning_mode, pre_seq_len)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_to_embeddings()
-        self._generate_session: InferenceSession | None = None
 
     def tie_to_embeddings(self) -> None:
         self.lm_head.weight = self.transformer.word_embeddings.weight
@@ -39,21 +38,28 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
+    @property
+    def active_session(self) -> InferenceSession | None:
+        """The session of this thread's running generate() or inference_session() (None outside them)."""
+        return self.transformer.calls.active_session
+
     @contextlib.contextmanager
     def inference_session(self, max_length: int) -> Iterator[InferenceSession]:
         """Keep one server-side session (and its caches) across several generate() or forward calls.
 
         Inside it, generate() continues from the tokens already processed (pass the whole text
-        so far, as with a local cache), and model(input_ids) runs only the given new tokens.
+        so far, as with a local cache), and model(input_ids) runs only the given new tokens. The
+        session belongs to the calling thread: other threads using the model get their own.
         """
-        if self.transformer.active_session is not None:
-            raise RuntimeError("an inference session is already active on this model")
+        calls = self.transformer.calls
+        if calls.kept_session is not None:
+            raise RuntimeError("an inference session is already active in this thread")
         session = self.swarm.open_session(max_length + self.transformer.pre_seq_len)
-        self.transformer.active_session = session
+        calls.kept_session = session
         try:
             yield session
         finally:
-            self.transformer.active_session = None
+            calls.kept_session = None
             self.swarm.close_session(session)
 
     def forward(self, input_ids=None, cache=None, attention_mask=None, inputs_embeds=None, labels=None,
@@ -76,15 +82,19 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
         if model_kwargs.get("cache") is not None or generation_config.use_cache is False:
             return super()._prepare_cache_for_generation(
                 generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
-        session, prompts = self.transformer.active_session, self.transformer.pre_seq_len
+        calls, prompts = self.transformer.calls, self.transformer.pre_seq_len
+        session = calls.kept_session
         if session is None:
-            session = self._generate_session = self.swarm.open_session(max_cache_length + prompts)
+            session = calls.generate_session = self.swarm.open_session(max_cache_length + prompts)
         model_kwargs["cache"] = RemoteCache(session, prompts)
 
     def generate(self, *args, **kwargs):
+        """transformers' generate; without an inference_session(), on a session of its own, closed on return."""
+        calls = self.transformer.calls
+        outer, calls.generate_session = calls.generate_session, None
         try:
             return super().generate(*args, **kwargs)
         finally:
-            if self._generate_session is not None:
-                session, self._generate_session = self._generate_session, None
+            session, calls.generate_session = calls.generate_session, outer
+            if session is not None:
                 self.swarm.close_session(session)
