@@ -56,6 +56,9 @@ def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-batch-tokens", type=int, default=defaults.max_batch_tokens, metavar="N",
                        help="rows (batch x tokens) computed in one pass; sessions' steps are batched up to it and "
                             f"longer prompts run in chunks ({defaults.max_batch_tokens})")
+    group.add_argument("--max-batch-sessions", type=int, default=None, metavar="N",
+                       help="at most N sessions' steps share one pass (default: as many as fit in "
+                            "--max-batch-tokens); 1 turns batching across sessions off")
     group.add_argument("--max-step-tokens", type=int, default=defaults.max_step_tokens, metavar="N",
                        help=f"rows (batch x tokens) one request may send ({defaults.max_step_tokens})")
     group.add_argument("--max-length", type=int, default=defaults.max_length, metavar="N",
@@ -187,7 +190,8 @@ async def run_serve(args: argparse.Namespace) -> int:
         model=args.model, start=start, end=end, num_blocks=args.num_blocks,
         network=_network_config(args, relay_for_others=not args.no_relay),
         device=args.device, dtype=args.dtype, cache_tokens=args.cache_tokens, session_timeout_s=args.session_timeout,
-        max_batch_tokens=args.max_batch_tokens, max_step_tokens=args.max_step_tokens, max_length=args.max_length,
+        max_batch_tokens=args.max_batch_tokens, max_batch_sessions=args.max_batch_sessions,
+        max_step_tokens=args.max_step_tokens, max_length=args.max_length,
         max_sessions_per_peer=args.max_sessions_per_peer, max_frame_bytes=int(args.max_frame_mb * 2**20),
         throughput=args.throughput, drain_timeout_s=args.drain_timeout,
     )

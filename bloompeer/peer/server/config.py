@@ -23,6 +23,7 @@ class ServerConfig:
     session_timeout_s: float = 300.0  # a session with no step for this long is closed
     max_alloc_timeout_s: float = 60.0  # the longest an open waits for cache room, whatever the client asks
     max_batch_tokens: int = 2048  # rows (batch x tokens) in one pass; longer prefills run in chunks
+    max_batch_sessions: int | None = None  # sessions whose steps share one pass (None: as many as fit; 1: no batching)
     max_step_tokens: int = 65536  # rows (batch x tokens) in one request; more is refused
     max_sessions_per_peer: int = 16
     max_batch: int = 64  # rows per session

@@ -61,8 +61,13 @@ def _prompts_within(prompts: torch.Tensor | None, begin: int, end: int) -> torch
 
 class Scheduler:
     def __init__(self, span: BlockSpan, compute: ComputeWorker, max_batch_tokens: int, device: str,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, max_batch_sessions: int | None = None):
+        """max_batch_sessions: at most this many requests share a pass (None: as many as fit in
+        max_batch_tokens; 1 turns cross-session batching off, for comparison)."""
         self.span, self.compute, self.max_batch_tokens = span, compute, max_batch_tokens
+        if max_batch_sessions is not None and max_batch_sessions < 1:
+            raise ValueError(f"max_batch_sessions must be at least 1, got {max_batch_sessions}")
+        self.max_batch_sessions = max_batch_sessions
         self.device, self.dtype = device, dtype
         self._queue: list[_Work] = []
         self._ready = asyncio.Event()
@@ -155,7 +160,7 @@ class Scheduler:
         """The first waiting work, plus any work of its group that fits (in queue order)."""
         first = heapq.heappop(self._queue)
         batch, rows, skipped = [first], first.rows, []
-        while self._queue and first.segment is not None:
+        while self._queue and first.segment is not None and len(batch) != self.max_batch_sessions:
             work = heapq.heappop(self._queue)
             if work.segment is not None and work.group == first.group and rows + work.rows <= self.max_batch_tokens:
                 batch.append(work)

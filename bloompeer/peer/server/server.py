@@ -118,7 +118,8 @@ class Server:
         self.budget = CacheBudget(budget_bytes, bytes_per_token)
         logger.info("Attention cache: %d tokens (%.1f MiB)", self.budget.tokens_left, budget_bytes / 2**20)
         registry = SessionRegistry(self.budget, config.max_sessions_per_peer, config.session_timeout_s)
-        scheduler = Scheduler(span, self.compute, config.max_batch_tokens, config.device, dtype)
+        scheduler = Scheduler(span, self.compute, config.max_batch_tokens, config.device, dtype,
+                              config.max_batch_sessions)
         self.backend = SpanBackend(span, self.model_uid, config, registry, scheduler,
                                    accepting=lambda: self.state is ServerState.ONLINE)
         self._tasks.append(asyncio.create_task(scheduler.run(), name="bloompeer-scheduler"))
