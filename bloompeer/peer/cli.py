@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_generate_parser(commands, _add_network_flags)
     add_status_parser(commands, _add_network_flags)
+    from .api.command import add_api_parser
+
+    add_api_parser(commands, _add_network_flags)
     return parser
 
 
@@ -275,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         from .status_command import run_status
 
         return run_status(args)
+    if args.command == "api":
+        from .api.command import run_api
+
+        return run_api(args, _network_config(args, client_mode=True))  # synchronous: uvicorn runs its own loop
     import uvloop
 
     from ..p2p import BloompeerError

@@ -7,6 +7,7 @@ import json
 
 from ..p2p import ServerRecord
 from .default_model import DEMO_MODEL_DIR
+from .swarm_status import status_data
 
 __all__ = ["add_status_parser", "run_status", "format_status"]
 
@@ -26,10 +27,6 @@ def add_status_parser(commands, add_network_flags) -> None:
 
 def _short(peer_id: str) -> str:
     return "…" + peer_id[-8:]
-
-
-def _record_json(record: ServerRecord) -> dict:
-    return record.to_wire()
 
 
 def format_status(model_uid: str, num_blocks: int, servers: dict[int, list[ServerRecord]]) -> str:
@@ -76,10 +73,7 @@ def run_status(args: argparse.Namespace) -> int:
         logger.error("%s", exc)
         return 1
     if args.json:
-        blocks = [{"index": i, "servers": [_record_json(r) for r in servers.get(i, [])]} for i in range(num_blocks)]
-        missing = [i for i in range(num_blocks) if not servers.get(i)]
-        print(json.dumps({"model": model_uid, "num_blocks": num_blocks, "missing": missing, "blocks": blocks},
-                         indent=1))
+        print(json.dumps(status_data(model_uid, num_blocks, servers), indent=1))
     else:
         print(format_status(model_uid, num_blocks, servers))
     return 0

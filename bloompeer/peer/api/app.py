@@ -1,0 +1,100 @@
+"""The FastAPI app of `bloompeer api`: OpenAI's /v1 endpoints, the dashboard at / and /metrics.
+
+One DistributedBloomForCausalLM serves every request; each request's generate() runs on a
+thread of a bounded pool (see generation.py). The pool's size bounds the sessions this client
+opens at once, which servers also limit per client (`--max-sessions-per-peer`, 16 by default);
+requests beyond it wait for a thread.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Response
+
+from .completions import add_completion_routes
+from .dashboard import add_dashboard_routes
+from .errors import ApiError, install_error_handlers
+from .metrics import ApiMetrics
+from .openai_schema import model_list
+from .swarm_state import fetch_swarm_state, uncovered_blocks
+
+__all__ = ["ApiState", "create_app"]
+
+DEFAULT_MAX_CONCURRENT_GENERATIONS = 16  # servers' default --max-sessions-per-peer
+
+
+@dataclass
+class ApiState:
+    """What every request handler shares: the model, its tokenizer and names, metrics, threads."""
+
+    model: object  # DistributedBloomForCausalLM
+    tokenizer: object
+    model_id: str  # as /v1/models lists it: the checkpoint's name, under which the swarm serves it
+    aliases: frozenset[str] = frozenset()  # other names a request may use, e.g. the --model path as given
+    max_concurrent_generations: int = DEFAULT_MAX_CONCURRENT_GENERATIONS
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self):
+        self.pool = ThreadPoolExecutor(self.max_concurrent_generations, thread_name_prefix="bloompeer-generate")
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_id and name not in self.aliases:
+            raise ApiError(404, f"this server does not serve model {name!r}; it serves {self.model_id!r} "
+                                f"(see GET /v1/models)", param="model", code="model_not_found")
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _CountRequests:
+    """ASGI middleware: bloompeer_api_requests_total by endpoint (route path) and status code.
+
+    Plain ASGI rather than BaseHTTPMiddleware, which would get between a streaming response and
+    the client's disconnect."""
+
+    def __init__(self, app, metrics: ApiMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = {"code": 500}
+
+        async def send_counting(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counting)
+        finally:
+            route = scope.get("route")
+            endpoint = route.path if route is not None and hasattr(route, "path") else "other"
+            self.metrics.requests.labels(endpoint, str(status["code"])).inc()
+
+
+def create_app(state: ApiState) -> FastAPI:
+    app = FastAPI(title="bloompeer", summary="An OpenAI-compatible API over a bloompeer swarm",
+                  docs_url="/docs", redoc_url=None)
+    app.state.api = state
+    install_error_handlers(app)
+    app.add_middleware(_CountRequests, metrics=state.metrics)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        missing = uncovered_blocks(await fetch_swarm_state(state.model))
+        return model_list([(state.model_id, missing)], state.created)
+
+    add_completion_routes(app, state)
+    add_dashboard_routes(app, state)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        body, content_type = state.metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    return app

@@ -1,0 +1,42 @@
+"""The swarm as the API sees it now: the DHT's records for the model (as `bloompeer status --json`
+prints them) and this client's measured round-trip time to each server.
+
+The lookup runs on the client's event loop (where its DHT node lives), called from a worker
+thread so the HTTP event loop never waits on it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from ...p2p import ServerState
+from ..swarm_status import status_data
+
+__all__ = ["fetch_swarm_state", "uncovered_blocks"]
+
+
+async def _lookup(swarm_client) -> tuple[dict, dict[str, float]]:
+    view = swarm_client.swarm
+    servers = await swarm_client.node.directory.find_servers(view.model_uid, view.num_blocks)
+    return servers, dict(view.rtts_s)
+
+
+async def fetch_swarm_state(model) -> dict[str, Any]:
+    """status_data(...) plus "latency_s": {peer id: seconds or None (not measured, or no answer)}."""
+    swarm_client = model.swarm
+    servers, rtts_s = await run_in_threadpool(swarm_client.runtime.run, _lookup(swarm_client))
+    view = swarm_client.swarm
+    state = status_data(view.model_uid, view.num_blocks, servers)
+    peers = {record.peer_id for records in servers.values() for record in records}
+    state["latency_s"] = {peer: rtts_s[peer] if math.isfinite(rtts_s.get(peer, math.inf)) else None
+                          for peer in sorted(peers)}
+    return state
+
+
+def uncovered_blocks(state: dict[str, Any]) -> list[int]:
+    """Blocks that no server announcing itself online covers."""
+    return [block["index"] for block in state["blocks"]
+            if not any(server["state"] == ServerState.ONLINE.value for server in block["servers"])]
