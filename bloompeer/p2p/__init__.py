@@ -6,7 +6,8 @@ serving or routing (that is `peer/`).
 
 from .dht import BlockDirectory, get_dht_time
 from .errors import (
-    BloompeerError, ErrorCode, PeerBusyError, PeerUnavailableError, ProtocolError, RemoteError, remote_error,
+    BloompeerError, ErrorCode, PeerBusyError, PeerRefusedError, PeerUnavailableError, ProtocolError, RemoteError,
+    remote_error,
 )
 from .framing import DEFAULT_MAX_FRAME_BYTES, pack, read_frame, unpack, write_frame
 from .codecs import CODECS
@@ -17,5 +18,5 @@ from .messages import (
 )
 from .node import NetworkConfig, NetworkError, PeerNode
 from .reachability import reachable_maddrs
-from .records import ServerRecord, ServerState, block_key
+from .records import RequestLimits, ServerRecord, ServerState, block_key
 from .tensors import FLOAT_DTYPES, WIRE_DTYPES, dtype_name, tensor_from_wire, tensor_to_wire

@@ -4,6 +4,7 @@
     ├── ProtocolError        a peer sent something we refuse (bad frame, bad field, too large)
     └── RemoteError          a peer answered with an error frame; `.code` says which kind
         ├── PeerBusyError        busy: out of cache room or over a limit; try elsewhere or later
+        ├── PeerRefusedError     too_large: over this peer's limits; not its fault, try one with larger limits
         └── PeerUnavailableError not_serving / timeout / lost stream: try another server
 
 Client-side errors (routing, missing blocks) extend this tree in `peer.client.errors`.
@@ -14,7 +15,8 @@ from __future__ import annotations
 from enum import Enum
 
 __all__ = [
-    "BloompeerError", "ErrorCode", "PeerBusyError", "PeerUnavailableError", "ProtocolError", "RemoteError",
+    "BloompeerError", "ErrorCode", "PeerBusyError", "PeerRefusedError", "PeerUnavailableError", "ProtocolError",
+    "RemoteError",
     "remote_error",
 ]
 
@@ -55,6 +57,10 @@ class PeerBusyError(RemoteError):
     """The peer has no room for this request now."""
 
 
+class PeerRefusedError(RemoteError):
+    """The request is over this peer's limits: a caller avoids the peer for this request only."""
+
+
 class PeerUnavailableError(RemoteError):
     """The peer cannot serve this request (draining, wrong blocks, timed out, stream lost)."""
 
@@ -63,6 +69,8 @@ def remote_error(code: ErrorCode, message: str, peer: str = "?") -> RemoteError:
     """The exception that an error frame with `code` maps to."""
     if code is ErrorCode.BUSY:
         return PeerBusyError(code, message, peer)
+    if code is ErrorCode.TOO_LARGE:
+        return PeerRefusedError(code, message, peer)
     if code in (ErrorCode.NOT_SERVING, ErrorCode.TIMEOUT):
         return PeerUnavailableError(code, message, peer)
     return RemoteError(code, message, peer)

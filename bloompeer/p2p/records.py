@@ -13,7 +13,7 @@ from typing import Any
 
 from .errors import ProtocolError
 
-__all__ = ["ServerState", "ServerRecord", "block_key"]
+__all__ = ["RequestLimits", "ServerState", "ServerRecord", "block_key"]
 
 
 class ServerState(str, Enum):
@@ -25,6 +25,22 @@ class ServerState(str, Enum):
 
 def block_key(model_uid: str, block_index: int) -> str:
     return f"{model_uid}.{block_index}"
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The largest request a server takes, announced so that clients never route one it must refuse."""
+
+    max_batch: int  # rows (sequences) per session or forward
+    max_length: int  # tokens per session (prompt and output), or per sequence of a forward
+    max_step_tokens: int  # rows (batch x tokens) in one request
+
+    @classmethod
+    def from_wire(cls, value: Any) -> RequestLimits:
+        if not isinstance(value, dict) or set(value) != _LIMIT_FIELDS or not all(
+                type(limit) is int and 0 < limit < 2**40 for limit in value.values()):
+            raise ProtocolError(f"server record: limits must be a map of {sorted(_LIMIT_FIELDS)} to positive ints")
+        return cls(**value)
 
 
 @dataclass(frozen=True)
@@ -41,6 +57,7 @@ class ServerRecord:
     version: str  # bloompeer version
     weights_fingerprint: str
     relayed: bool  # reachable only through a libp2p relay
+    limits: RequestLimits
 
     def to_wire(self) -> dict[str, Any]:
         return {**asdict(self), "state": self.state.value}
@@ -64,8 +81,10 @@ class ServerRecord:
         for name, check in checks.items():
             if not check(value[name]):
                 raise ProtocolError(f"server record: bad {name} {str(value[name])[:40]!r}")
-        return cls(**{**value, "state": ServerState(value["state"]), "throughput": float(value["throughput"])})
+        return cls(**{**value, "state": ServerState(value["state"]), "throughput": float(value["throughput"]),
+                      "limits": RequestLimits.from_wire(value["limits"])})
 
 
 _RECORD_FIELDS = frozenset(ServerRecord.__dataclass_fields__)
+_LIMIT_FIELDS = frozenset(RequestLimits.__dataclass_fields__)
 _STATES = frozenset(state.value for state in ServerState)

@@ -61,6 +61,8 @@ def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
                             "--max-batch-tokens); 1 turns batching across sessions off")
     group.add_argument("--max-step-tokens", type=int, default=defaults.max_step_tokens, metavar="N",
                        help=f"rows (batch x tokens) one request may send ({defaults.max_step_tokens})")
+    group.add_argument("--max-batch", type=int, default=defaults.max_batch, metavar="N",
+                       help=f"sequences (rows) one session or forward may have ({defaults.max_batch})")
     group.add_argument("--max-length", type=int, default=defaults.max_length, metavar="N",
                        help=f"tokens one session may hold, prompt and output ({defaults.max_length})")
     group.add_argument("--max-sessions-per-peer", type=int, default=defaults.max_sessions_per_peer, metavar="N",
@@ -194,7 +196,7 @@ async def run_serve(args: argparse.Namespace) -> int:
         network=_network_config(args, relay_for_others=not args.no_relay),
         device=args.device, dtype=args.dtype, cache_tokens=args.cache_tokens, session_timeout_s=args.session_timeout,
         max_batch_tokens=args.max_batch_tokens, max_batch_sessions=args.max_batch_sessions,
-        max_step_tokens=args.max_step_tokens, max_length=args.max_length,
+        max_step_tokens=args.max_step_tokens, max_length=args.max_length, max_batch=args.max_batch,
         max_sessions_per_peer=args.max_sessions_per_peer, max_frame_bytes=int(args.max_frame_mb * 2**20),
         throughput=args.throughput, drain_timeout_s=args.drain_timeout,
     )

@@ -1,11 +1,14 @@
-from bloompeer.p2p import ServerRecord, ServerState
+from bloompeer.p2p import RequestLimits, ServerRecord, ServerState
 from bloompeer.peer.client.errors import MissingBlocksError, block_ranges
-from bloompeer.peer.client.routing import SpanRoute, choose_route, missing_blocks, usable_servers
+from bloompeer.peer.client.routing import (
+    RequestSize, SpanRoute, choose_route, missing_blocks, refusal_everywhere, usable_servers,
+)
 
 
 def _record(peer, start, end, state=ServerState.ONLINE, fingerprint="f", throughput=100.0, cache=1000,
-            relayed=False):
-    return ServerRecord(peer, state, start, end, throughput, cache, "float32", "0", fingerprint, relayed)
+            relayed=False, max_length=8192):
+    return ServerRecord(peer, state, start, end, throughput, cache, "float32", "0", fingerprint, relayed,
+                        RequestLimits(max_batch=64, max_length=max_length, max_step_tokens=4096))
 
 
 def _by_block(records, num_blocks=6):
@@ -58,3 +61,22 @@ def test_missing_blocks_message_names_ranges():
     assert block_ranges([0, 1, 2, 5, 7, 8]) == "0:3, 5:6, 7:9"
     message = str(MissingBlocksError("bloom", [2, 3], 5.0, "timed out"))
     assert "2:4" in message and "bloompeer serve" in message and "timed out" in message
+
+
+def test_servers_whose_limits_a_request_exceeds_are_never_chosen():
+    servers = _by_block([_record("short", 0, 6, max_length=64), _record("long", 0, 6, max_length=512)])
+    rtts = {"short": 0.001, "long": 0.5}  # the short one is much nearer
+    assert choose_route(servers, 0, 6, rtts) == [SpanRoute("short", 0, 6)]
+    assert choose_route(servers, 0, 6, rtts, request=RequestSize(1, 200, 20)) == [SpanRoute("long", 0, 6)]
+    assert refusal_everywhere(servers, 0, 6, RequestSize(1, 200, 20)) is None
+
+
+def test_a_request_over_every_servers_limit_is_named_with_the_largest_on_offer():
+    servers = _by_block([_record("a", 0, 3, max_length=64), _record("b", 0, 6, max_length=128),
+                         _record("c", 3, 6, max_length=1024)])
+    reason = refusal_everywhere(servers, 0, 6, RequestSize(1, 200, 20))
+    assert reason.startswith("tokens per session (prompt and new tokens) 200 is over the limit of every server of block 0")
+    assert "largest on offer is 128" in reason and "--max-length" in reason
+    assert refusal_everywhere(servers, 3, 6, RequestSize(1, 200, 20)) is None
+    assert "--max-batch" in refusal_everywhere(servers, 0, 6, RequestSize(65, 10, 650))
+    assert "--max-step-tokens" in refusal_everywhere(servers, 3, 6, RequestSize(1, 100, 5000))

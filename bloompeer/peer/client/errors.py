@@ -1,14 +1,15 @@
 """Client-side errors, extending the tree in `bloompeer.p2p.errors`:
 
     BloompeerError
-    └── MissingBlocksError   no server covers some blocks, even after waiting
+    ├── MissingBlocksError   no server covers some blocks, even after waiting
+    └── RequestTooLargeError the request is over every server's limits: it can never succeed as asked
 """
 
 from __future__ import annotations
 
 from ...p2p import BloompeerError
 
-__all__ = ["MissingBlocksError", "block_ranges"]
+__all__ = ["MissingBlocksError", "RequestTooLargeError", "block_ranges"]
 
 
 class MissingBlocksError(BloompeerError):
@@ -23,6 +24,19 @@ class MissingBlocksError(BloompeerError):
             f"Start one with: bloompeer serve --model {model_uid} --blocks {missing[0]}:{missing[-1] + 1} "
             f"--initial-peers ..."
         )
+
+
+class RequestTooLargeError(BloompeerError, ValueError):
+    """No server in the swarm takes a request this large; asking again, or elsewhere, cannot help.
+
+    Raised at once, before anything is sent, and no server is banned for it. A ValueError too:
+    it is the caller's arguments that must change (or the servers' limits).
+    """
+
+    def __init__(self, model_uid: str, reason: str):
+        self.model_uid, self.reason = model_uid, reason
+        super().__init__(f"this request cannot be served by the swarm of {model_uid}: {reason}. "
+                         f"Ask for less (fewer new tokens, a shorter prompt or a smaller batch).")
 
 
 def block_ranges(indices: list[int]) -> str:

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import torch
 from hivemind.p2p import P2P
 
-from ...p2p import PushTarget, RemoteError, Step
+from ...p2p import PeerRefusedError, PushTarget, RemoteError, Step
 from .config import ClientConfig
 from .errors import MissingBlocksError
-from .routing import SpanRoute
+from .routing import RequestSize, SpanRoute
 from .span_session import SpanInferenceSession
 from .swarm import SwarmView
 from .verification import OutputVerifier
@@ -82,6 +82,8 @@ class InferenceSession:
         self._spans: list[_Span] = []
         self._step_ids = itertools.count(1)
         self._closed = False
+        self._largest_step = 1  # tokens in the largest step so far: what a new server must take at once
+        self._refused_by: set[str] = set()  # servers whose limits this session is over: not used again for it
 
     @property
     def route(self) -> list[SpanRoute]:
@@ -101,6 +103,7 @@ class InferenceSession:
         if self.position + num_new > self.max_length:
             raise ValueError(f"the session was opened for max_length={self.max_length}; "
                              f"{self.position} + {num_new} tokens do not fit")
+        self._largest_step = max(self._largest_step, num_new)
         if self.batch is None:
             await self.open(hidden.shape[0])
         elif hidden.shape[0] != self.batch:
@@ -170,8 +173,15 @@ class InferenceSession:
         await liar.session.close()
         return await self._build(liar.route.start, liar.route.end, liar.inputs, self.config.recovery_timeout_s)
 
+    def _blame(self, error: RemoteError) -> None:
+        """A server over whose limits this session is avoids it for this session; any other failure bans it."""
+        if isinstance(error, PeerRefusedError):
+            self._refused_by.add(error.peer)
+        else:
+            self.swarm.bans.ban(error.peer, str(error))
+
     async def _replace(self, failed: _Span, error: RemoteError) -> list[_Span]:
-        self.swarm.bans.ban(failed.route.peer_id_str, str(error))
+        self._blame(error)
         await failed.session.close()
         return await self._build(failed.route.start, failed.route.end, failed.inputs,
                                  self.config.recovery_timeout_s, error)
@@ -186,8 +196,9 @@ class InferenceSession:
             if remaining_s <= 0:
                 raise MissingBlocksError(self.swarm.model_uid, list(range(start, end)), timeout_s,
                                          str(error) if error else None)
+            size = RequestSize(self.batch, self.max_length, self.batch * self._largest_step)
             route = await self.swarm.route(start, end, self.batch * self.max_length, remaining_s,
-                                           self.config.poll_period_s)
+                                           self.config.poll_period_s, size, self._refused_by)
             spans: list[_Span] = []
             try:
                 await self._open(route, spans)
@@ -196,7 +207,7 @@ class InferenceSession:
                 return spans
             except RemoteError as exc:
                 error = exc
-                self.swarm.bans.ban(exc.peer, str(exc))
+                self._blame(exc)
                 await asyncio.gather(*(span.session.close() for span in spans))
 
     async def _open(self, route: list[SpanRoute], spans: list[_Span]) -> None:

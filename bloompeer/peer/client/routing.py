@@ -15,9 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ...p2p import ServerRecord, ServerState
+from ...p2p import RequestLimits, ServerRecord, ServerState
 
-__all__ = ["SpanRoute", "choose_route", "missing_blocks", "usable_servers", "UNKNOWN_RTT_S", "RELAY_PENALTY_S"]
+__all__ = [
+    "RequestSize", "SpanRoute", "choose_route", "missing_blocks", "refusal_everywhere", "usable_servers",
+    "UNKNOWN_RTT_S", "RELAY_PENALTY_S",
+]
 
 UNKNOWN_RTT_S = 0.05  # a server not pinged yet is assumed this far away
 UNREACHABLE_RTT_S = 5.0  # a server that did not answer its last ping: used only if nothing else serves its blocks
@@ -36,6 +39,41 @@ class SpanRoute:
     def blocks_of(self, per_block: torch.Tensor | None) -> torch.Tensor | None:
         """This span's part of a tensor indexed by block first (deep prompts), or None."""
         return None if per_block is None else per_block[self.start:self.end]
+
+
+@dataclass(frozen=True)
+class RequestSize:
+    """What a request asks of each server on its route, held against the limits servers announce."""
+
+    batch: int = 1
+    length: int = 1  # tokens per sequence the server holds: a session's max_length, a forward's length
+    step_rows: int = 1  # rows (batch x tokens) of the largest single request (a session's prefill)
+
+    def over_limit(self, limits: RequestLimits) -> tuple[str, int, int, str] | None:
+        """(what, asked, limit, the server flag that sets it) for the first limit exceeded, or None."""
+        for what, asked, limit, flag in (("batch", self.batch, limits.max_batch, "--max-batch"),
+                                         ("tokens per session (prompt and new tokens)", self.length, limits.max_length,
+                                          "--max-length"),
+                                         ("rows (batch x tokens) per request", self.step_rows,
+                                          limits.max_step_tokens, "--max-step-tokens")):
+            if asked > limit:
+                return what, asked, limit, flag
+        return None
+
+
+def refusal_everywhere(servers: dict[int, list[ServerRecord]], start: int, end: int,
+                       request: RequestSize) -> str | None:
+    """Why no server of some block in [start, end) could ever take `request` (None if each block has one
+    that could): the limit exceeded, with the largest value on offer among that block's servers."""
+    for index in range(start, end):
+        records = servers.get(index, [])
+        refusals = [request.over_limit(record.limits) for record in records]
+        if records and all(refusals):
+            what, asked, _, flag = refusals[0]
+            offered = max(limit for other, _, limit, _ in refusals if other == what)
+            return (f"{what} {asked} is over the limit of every server of block {index} "
+                    f"(the largest on offer is {offered}; servers raise it with bloompeer serve {flag} N)")
+    return None
 
 
 def usable_servers(servers: dict[int, list[ServerRecord]], fingerprint: str | None,
@@ -63,18 +101,20 @@ def piece_cost_s(record: ServerRecord, num_blocks: int, rtt_s: float) -> float:
 
 def choose_route(
     servers: dict[int, list[ServerRecord]], start: int, end: int, rtts_s: dict[str, float] | None = None,
-    exclude: Collection[str] = (), min_cache_tokens: int = 0,
+    exclude: Collection[str] = (), min_cache_tokens: int = 0, request: RequestSize = RequestSize(),
 ) -> list[SpanRoute] | None:
     """The cheapest route through blocks [start, end), or None if some block has no usable server.
 
     `exclude`: peer ids not to use (banned); `min_cache_tokens`: the cache room a server must
-    announce (a session's batch x max_length), or 0 for requests that keep no cache.
+    announce (a session's batch x max_length), or 0 for requests that keep no cache; servers
+    whose announced limits `request` exceeds are never chosen.
     """
     rtts_s = rtts_s or {}
     candidates = {}
     for records in servers.values():
         for record in records:
-            if record.peer_id not in exclude and record.cache_tokens_left >= min_cache_tokens:
+            if (record.peer_id not in exclude and record.cache_tokens_left >= min_cache_tokens
+                    and request.over_limit(record.limits) is None):
                 candidates[record.peer_id] = record
     best_cost = {start: 0.0}
     best_piece: dict[int, SpanRoute] = {}

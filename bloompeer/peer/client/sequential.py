@@ -19,10 +19,10 @@ from typing import TypeVar
 import torch
 from hivemind.p2p import P2P
 
-from ...p2p import RemoteError
+from ...p2p import PeerRefusedError, RemoteError
 from .config import ClientConfig
 from .errors import MissingBlocksError
-from .routing import SpanRoute
+from .routing import RequestSize, SpanRoute
 from .span_session import remote_backward, remote_forward
 from .swarm import SwarmView
 
@@ -60,7 +60,8 @@ class SwarmSequential:
                                             self.config.request_timeout_s, piece.blocks_of(prompts),
                                             self.config.wire_codec)
 
-            piece, output = await self._first_piece(start, end, run)
+            size = RequestSize(hidden.shape[0], hidden.shape[1], hidden.shape[:2].numel())
+            piece, output = await self._first_piece(start, end, run, size)
             pieces.append(_Piece(piece, hidden))
             hidden, start = output, piece.end
         return hidden, pieces
@@ -80,7 +81,8 @@ class SwarmSequential:
                 self.p2p, piece.route, self.swarm.model_uid, piece.hidden, grad_output, padding_mask,
                 self.config.request_timeout_s, piece.route.blocks_of(prompts), self.config.wire_codec)
         except RemoteError as exc:
-            self.swarm.bans.ban(exc.peer, str(exc))
+            if not isinstance(exc, PeerRefusedError):
+                self.swarm.bans.ban(exc.peer, str(exc))
             # the blocks of the failed piece, on new servers: their inputs first, then back through them
             _, pieces = await self.forward(piece.hidden, padding_mask, prompts, piece.route.start, piece.route.end)
             for new_piece in reversed(pieces):
@@ -90,16 +92,21 @@ class SwarmSequential:
             grad_prompts[piece.route.start:piece.route.end] += piece_grad_prompts
         return grad_hidden
 
-    async def _first_piece(self, start: int, end: int,
-                           run: Callable[[SpanRoute], Awaitable[T]]) -> tuple[SpanRoute, T]:
-        """Run the first piece of the best route through [start, end); on failure, ban its server and
-        try the next best route, until the recovery timeout."""
-        deadline, error = None, None
+    async def _first_piece(self, start: int, end: int, run: Callable[[SpanRoute], Awaitable[T]],
+                           size: RequestSize) -> tuple[SpanRoute, T]:
+        """Run the first piece of the best route through [start, end); on failure, ban its server (or,
+        if the request is over its limits, avoid it for this request) and try the next best route,
+        until the recovery timeout."""
+        deadline, error, refused_by = None, None, set()
         timeout_s = self.config.missing_blocks_timeout_s
         while True:
-            route = await self.swarm.route(start, end, timeout_s=timeout_s, poll_period_s=self.config.poll_period_s)
+            route = await self.swarm.route(start, end, timeout_s=timeout_s, poll_period_s=self.config.poll_period_s,
+                                           request=size, exclude=refused_by)
             try:
                 return route[0], await run(route[0])
+            except PeerRefusedError as exc:
+                refused_by.add(exc.peer)
+                error = exc
             except RemoteError as exc:
                 self.swarm.bans.ban(exc.peer, str(exc))
                 error = exc

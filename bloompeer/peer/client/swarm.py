@@ -15,9 +15,9 @@ from collections.abc import Collection
 from hivemind.p2p import P2P
 
 from ...p2p import BlockDirectory, ServerRecord
-from .errors import MissingBlocksError, block_ranges
+from .errors import MissingBlocksError, RequestTooLargeError, block_ranges
 from .health import BanList, ping
-from .routing import SpanRoute, choose_route, missing_blocks, usable_servers
+from .routing import RequestSize, SpanRoute, choose_route, missing_blocks, refusal_everywhere, usable_servers
 
 __all__ = ["SwarmView"]
 
@@ -66,17 +66,23 @@ class SwarmView:
                 logger.warning("Could not refresh the view of the swarm", exc_info=True)
 
     async def route(self, start: int = 0, end: int | None = None, min_cache_tokens: int = 0,
-                    timeout_s: float = 60.0, poll_period_s: float = 1.0) -> list[SpanRoute]:
-        """The fastest route through blocks [start, end), waiting (with a message) while some block
-        has no usable server, up to `timeout_s`."""
+                    timeout_s: float = 60.0, poll_period_s: float = 1.0, request: RequestSize = RequestSize(),
+                    exclude: Collection[str] = ()) -> list[SpanRoute]:
+        """The fastest route through blocks [start, end) for `request`, waiting (with a message) while
+        some block has no usable server, up to `timeout_s`; at once RequestTooLargeError if the
+        request is over the limits of every server of some block. `exclude`: peers not to use for
+        this request only (they refused it)."""
         end = self.num_blocks if end is None else end
         started = time.monotonic()
         announced_missing = None
         if time.monotonic() - self._updated_at > self.refresh_period_s:
             await self.refresh()
         while True:
-            banned = self.bans.banned()
-            route = choose_route(self.servers, start, end, self.rtts_s, banned, min_cache_tokens)
+            refusal = refusal_everywhere(self.servers, start, end, request)
+            if refusal is not None:
+                raise RequestTooLargeError(self.model_uid, refusal)
+            banned = self.bans.banned() | set(exclude)
+            route = choose_route(self.servers, start, end, self.rtts_s, banned, min_cache_tokens, request)
             if route is not None:
                 logger.info("Route for blocks %d:%d: %s", start, end,
                             " -> ".join(f"{r.peer_id_str[-8:]}[{r.start}:{r.end}]" for r in route))

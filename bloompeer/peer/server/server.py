@@ -20,7 +20,7 @@ from ..._version import __version__
 from ...blocks import BlockSpan, Checkpoint, SessionCache, open_checkpoint
 from ...p2p import (
     BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, PeerNode, ServerInfo,
-    ServerRecord, ServerState, get_dht_time,
+    RequestLimits, ServerRecord, ServerState, get_dht_time,
 )
 from .backend import SpanBackend
 from .block_choice import choose_blocks
@@ -146,6 +146,7 @@ class Server:
         return ok
 
     async def _announce_periodically(self) -> None:
+            limits=RequestLimits(self.config.max_batch, self.config.max_length, self.config.max_step_tokens),
         while True:
             await asyncio.sleep(self.config.announce_period_s)
             await self.announce()
