@@ -20,6 +20,8 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 from transformers import BloomConfig
 
+from ..errors import BloompeerError
+
 __all__ = ["Checkpoint", "CheckpointError", "open_checkpoint", "block_prefix", "CLIENT_TENSOR_PREFIXES"]
 
 logger = logging.getLogger(__name__)
@@ -33,7 +35,7 @@ MODEL_PREFIX = "transformer."
 CLIENT_TENSOR_PREFIXES = ("word_embeddings.", "word_embeddings_layernorm.", "ln_f.", "lm_head.")
 
 
-class CheckpointError(Exception):
+class CheckpointError(BloompeerError, ValueError):
     """The checkpoint is missing, incomplete or not a BLOOM model."""
 
 

@@ -2,21 +2,74 @@
 
 Nothing here knows about torch modules or the model's blocks (that is `blocks/`), nor about
 serving or routing (that is `peer/`).
+
+Names load on first use (PEP 562), so that light users (the command line's flags, configs)
+import no hivemind or torch.
 """
 
-from .dht import BlockDirectory, get_dht_time
-from .errors import (
-    BloompeerError, ErrorCode, PeerBusyError, PeerRefusedError, PeerUnavailableError, ProtocolError, RemoteError,
-    remote_error,
-)
-from .framing import DEFAULT_MAX_FRAME_BYTES, pack, read_frame, unpack, write_frame
-from .codecs import CODECS
-from .messages import (
-    BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, BackwardRequest,
-    CloseSession, ErrorFrame, ForwardRequest, Gradients, Message, OpenSession, PushStep, PushTarget, ServerInfo,
-    SessionReady, Step, StepOutput, decode_message,
-)
-from .node import NetworkConfig, NetworkError, PeerNode
-from .reachability import reachable_maddrs
-from .records import RequestLimits, ServerRecord, ServerState, block_key
-from .tensors import FLOAT_DTYPES, WIRE_DTYPES, dtype_name, tensor_from_wire, tensor_to_wire
+import importlib
+
+_LAZY = {
+    "BACKWARD_PROTOCOL": ".messages",
+    "BackwardRequest": ".messages",
+    "BlockDirectory": ".dht",
+    "BloompeerError": ".errors",
+    "CODECS": ".codecs",
+    "CloseSession": ".messages",
+    "DEFAULT_MAX_FRAME_BYTES": ".framing",
+    "ErrorCode": ".errors",
+    "ErrorFrame": ".messages",
+    "FLOAT_DTYPES": ".tensors",
+    "FORWARD_PROTOCOL": ".messages",
+    "ForwardRequest": ".messages",
+    "Gradients": ".messages",
+    "INFERENCE_PROTOCOL": ".messages",
+    "INFO_PROTOCOL": ".messages",
+    "Message": ".messages",
+    "NetworkConfig": ".network_config",
+    "NetworkError": ".node",
+    "OpenSession": ".messages",
+    "PUSH_PROTOCOL": ".messages",
+    "PeerBusyError": ".errors",
+    "PeerNode": ".node",
+    "PeerRefusedError": ".errors",
+    "PeerUnavailableError": ".errors",
+    "ProtocolError": ".errors",
+    "PushStep": ".messages",
+    "PushTarget": ".messages",
+    "RemoteError": ".errors",
+    "RequestLimits": ".records",
+    "ServerInfo": ".messages",
+    "ServerRecord": ".records",
+    "ServerState": ".records",
+    "SessionReady": ".messages",
+    "Step": ".messages",
+    "StepOutput": ".messages",
+    "WIRE_DTYPES": ".tensors",
+    "block_key": ".records",
+    "decode_message": ".messages",
+    "dtype_name": ".tensors",
+    "get_dht_time": ".dht",
+    "pack": ".framing",
+    "reachable_maddrs": ".reachability",
+    "read_frame": ".framing",
+    "remote_error": ".errors",
+    "tensor_from_wire": ".tensors",
+    "tensor_to_wire": ".tensors",
+    "unpack": ".framing",
+    "write_frame": ".framing",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,18 +1,14 @@
-"""Errors that cross the wire, and the exception tree every bloompeer caller sees.
+"""Errors that cross the wire: the stable codes of error frames and the classes they map to.
 
-    BloompeerError
-    ├── ProtocolError        a peer sent something we refuse (bad frame, bad field, too large)
-    └── RemoteError          a peer answered with an error frame; `.code` says which kind
-        ├── PeerBusyError        busy: out of cache room or over a limit; try elsewhere or later
-        ├── PeerRefusedError     too_large: over this peer's limits; not its fault, try one with larger limits
-        └── PeerUnavailableError not_serving / timeout / lost stream: try another server
-
-Client-side errors (routing, missing blocks) extend this tree in `peer.client.errors`.
+Where these sit in bloompeer's error tree, and what a caller does with each, is drawn in
+`bloompeer/errors.py`.
 """
 
 from __future__ import annotations
 
 from enum import Enum
+
+from ..errors import BloompeerError
 
 __all__ = [
     "BloompeerError", "ErrorCode", "PeerBusyError", "PeerRefusedError", "PeerUnavailableError", "ProtocolError",
@@ -31,10 +27,6 @@ class ErrorCode(str, Enum):
     TIMEOUT = "timeout"  # the peer waited too long for the other side
     NOT_SERVING = "not_serving"  # wrong model or blocks, or the server is draining
     INTERNAL = "internal"  # a bug or an unexpected failure on the peer; the stream stays usable
-
-
-class BloompeerError(Exception):
-    """Base of every error bloompeer raises on purpose."""
 
 
 class ProtocolError(BloompeerError):

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import tempfile
-from dataclasses import dataclass
 
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P, P2PDaemonError
@@ -20,6 +19,7 @@ from .daemon import start_daemon
 from .dht import BlockDirectory, make_record_validator
 from .errors import BloompeerError
 from .identity import IdentityError, load_rsa_identity
+from .network_config import NetworkConfig
 from .reachability import serve_dialback
 
 __all__ = ["NetworkConfig", "PeerNode", "NetworkError"]
@@ -31,18 +31,6 @@ SHUTDOWN_TIMEOUT_S = 3.0
 
 class NetworkError(BloompeerError):
     """The peer could not join the network (no reachable bootstrap peer, identity in use, ...)."""
-
-
-@dataclass(frozen=True)
-class NetworkConfig:
-    initial_peers: tuple[str, ...] = ()  # multiaddrs of peers already in the swarm (none: start a new swarm)
-    host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)  # where to listen
-    announce_maddrs: tuple[str, ...] = ()  # addresses to tell others instead of the listening ones
-    identity_path: str | None = None  # private key file; keeps the peer id across restarts
-    client_mode: bool = False  # dial out only; answer no DHT queries
-    relay_for_others: bool = False  # serve as a circuit relay for peers behind NAT (bootstrap peers and servers do)
-    relays: tuple[str, ...] = ()  # we are behind NAT: be reached through these relays (multiaddrs)
-    dht_timeout_s: float = 10.0
 
 
 class PeerNode:

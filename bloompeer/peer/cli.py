@@ -19,29 +19,12 @@ from pathlib import Path
 
 from .. import _version
 from .default_model import DEMO_MODEL_DIR
+from .flags import add_network_flags, check_blocks_within_model, model_argument, network_config
 from .local_swarm import EXIT_WITH_PARENT_ENV
 
 __all__ = ["main", "build_parser"]
 
 logger = logging.getLogger("bloompeer")
-
-INITIAL_PEERS_ENV = "BLOOMPEER_INITIAL_PEERS"
-
-
-def _add_network_flags(parser: argparse.ArgumentParser, listen_default: str) -> argparse._ArgumentGroup:
-    group = parser.add_argument_group("network")
-    group.add_argument("--initial-peers", nargs="+", metavar="MADDR", default=None,
-                       help=f"multiaddrs of peers already in the swarm, e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm... "
-                            f"(default: ${INITIAL_PEERS_ENV}, space-separated)")
-    group.add_argument("--host-maddrs", nargs="+", metavar="MADDR", default=[listen_default],
-                       help=f"where to listen (default: {listen_default})")
-    group.add_argument("--announce-maddrs", nargs="+", metavar="MADDR", default=[],
-                       help="addresses to announce instead of the listening ones, e.g. a public IP and a "
-                            "forwarded port: /ip4/203.0.113.5/tcp/31337")
-    group.add_argument("--identity-path", metavar="FILE", default=None,
-                       help="private key file that keeps this peer's id across restarts (created if missing)")
-    return group
-
 
 def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
     from .server.config import ServerConfig
@@ -77,22 +60,6 @@ def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
                             f"exits ({defaults.drain_timeout_s:.0f}); a second signal exits at once")
 
 
-def _initial_peers(args: argparse.Namespace) -> tuple[str, ...]:
-    if args.initial_peers is not None:
-        return tuple(args.initial_peers)
-    return tuple(os.environ.get(INITIAL_PEERS_ENV, "").split())
-
-
-def _network_config(args: argparse.Namespace, client_mode: bool = False, relay_for_others: bool = False):
-    from ..p2p import NetworkConfig
-
-    return NetworkConfig(
-        initial_peers=_initial_peers(args), host_maddrs=tuple(args.host_maddrs),
-        announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity_path, client_mode=client_mode,
-        relay_for_others=relay_for_others,
-    )
-
-
 def _block_range(text: str) -> tuple[int, int]:
     try:
         start, end = (int(part) for part in text.split(":"))
@@ -119,12 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
                                           "with --announce-maddrs.")
     dht.add_argument("--maddrs-file", metavar="FILE", default=None,
                      help="also write the multiaddrs to FILE once the peer is up (for scripts and containers)")
-    _add_network_flags(dht, "/ip4/0.0.0.0/tcp/0")
+    add_network_flags(dht, "/ip4/0.0.0.0/tcp/0")
 
     serve = commands.add_parser("serve", help="serve a range of a model's blocks to the swarm",
                                 description="Load blocks A..B-1 of a BLOOM model and serve them to the swarm until "
                                             "interrupted (SIGINT or SIGTERM), then announce offline and exit.")
-    serve.add_argument("--model", default=str(DEMO_MODEL_DIR),
+    serve.add_argument("--model", default=str(DEMO_MODEL_DIR), type=model_argument,
                        help="local checkpoint directory or Hugging Face hub name (default: the bundled demo model)")
     which = serve.add_mutually_exclusive_group(required=True)
     which.add_argument("--blocks", type=_block_range, metavar="A:B", help="serve blocks A..B-1, e.g. 0:8")
@@ -134,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="compute and cache dtype (default: float32)")
     _add_limit_flags(serve)
-    network = _add_network_flags(serve, "/ip4/0.0.0.0/tcp/0")
+    network = add_network_flags(serve, "/ip4/0.0.0.0/tcp/0")
     network.add_argument("--no-relay", action="store_true",
                          help="do not relay traffic for peers behind NAT (by default a directly reachable server "
                               "relays for them, up to 16 GiB and 24 h per connection). A server that cannot be "
@@ -143,11 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .generate_command import add_generate_parser
     from .status_command import add_status_parser
 
-    add_generate_parser(commands, _add_network_flags)
-    add_status_parser(commands, _add_network_flags)
+    add_generate_parser(commands, add_network_flags)
+    add_status_parser(commands, add_network_flags)
     from .api.command import add_api_parser
 
-    add_api_parser(commands, _add_network_flags)
+    add_api_parser(commands, add_network_flags)
     return parser
 
 
@@ -172,7 +139,7 @@ async def _reachable_first(node) -> list[str]:
 async def run_dht(args: argparse.Namespace) -> int:
     from ..p2p import PeerNode
 
-    node = await PeerNode.create(_network_config(args, relay_for_others=True))
+    node = await PeerNode.create(network_config(args, relay_for_others=True))
     try:
         maddrs = await _reachable_first(node)
         for maddr in maddrs:
@@ -193,7 +160,7 @@ async def run_serve(args: argparse.Namespace) -> int:
     start, end = args.blocks or (None, None)
     config = ServerConfig(
         model=args.model, start=start, end=end, num_blocks=args.num_blocks,
-        network=_network_config(args, relay_for_others=not args.no_relay),
+        network=network_config(args, relay_for_others=not args.no_relay),
         device=args.device, dtype=args.dtype, cache_tokens=args.cache_tokens, session_timeout_s=args.session_timeout,
         max_batch_tokens=args.max_batch_tokens, max_batch_sessions=args.max_batch_sessions,
         max_step_tokens=args.max_step_tokens, max_length=args.max_length, max_batch=args.max_batch,
@@ -269,7 +236,9 @@ def _exit_with_parent() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _exit_with_parent()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_blocks_within_model(parser, args)
     _configure_logging(args.verbose)
     commands: dict[str, Callable[[argparse.Namespace], Awaitable[int]]] = {"dht": run_dht, "serve": run_serve}
     if args.command == "generate":
@@ -283,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "api":
         from .api.command import run_api
 
-        return run_api(args, _network_config(args, client_mode=True))  # synchronous: uvicorn runs its own loop
+        return run_api(args, network_config(args, client_mode=True))  # synchronous: uvicorn runs its own loop
     import uvloop
 
     from ..p2p import BloompeerError

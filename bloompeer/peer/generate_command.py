@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import sys
 
 from .default_model import DEMO_MODEL_DIR
+from .flags import fraction, initial_peers, model_argument
 
 __all__ = ["add_generate_parser", "run_generate"]
 
@@ -23,7 +23,7 @@ def add_generate_parser(commands, add_network_flags) -> None:
                     "--initial-peers (and no $BLOOMPEER_INITIAL_PEERS), a local swarm of a bootstrap peer and "
                     "two servers is started for the model and stopped afterwards.")
     generate.add_argument("prompt", help="text to continue")
-    generate.add_argument("--model", default=str(DEMO_MODEL_DIR),
+    generate.add_argument("--model", default=str(DEMO_MODEL_DIR), type=model_argument,
                           help="local checkpoint directory or hub name (default: the bundled demo model, a small "
                                "BLOOM trained on Jane Austen's novels)")
     generate.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to generate (32)")
@@ -40,7 +40,7 @@ def add_generate_parser(commands, add_network_flags) -> None:
                           help="have each server pass its output straight to the next one (one trip along the chain "
                                "per token instead of a round trip per server; pays off when servers are far apart)")
     trust = generate.add_argument_group("trust")
-    trust.add_argument("--verify-fraction", type=float, default=0.0, metavar="F",
+    trust.add_argument("--verify-fraction", type=fraction, default=0.0, metavar="F",
                        help="recompute this fraction of each span's steps on another server (or locally, with a "
                             "local checkpoint) and ban servers whose outputs disagree (0: off; 1: every step)")
     trust.add_argument("--trusted-servers", nargs="+", default=(), metavar="PEER_ID",
@@ -60,16 +60,15 @@ def _sampling_kwargs(args: argparse.Namespace) -> dict:
 
 def run_generate(args: argparse.Namespace) -> int:
     from ..p2p import BloompeerError
-    from .cli import _initial_peers
 
     try:
         sampling = _sampling_kwargs(args)
         with contextlib.ExitStack() as stack:
             model_path = args.model
-            initial_peers = _initial_peers(args)
-            if not initial_peers:
-                initial_peers = _start_local_swarm(model_path, stack)
-            _generate(args, model_path, initial_peers, sampling)
+            peers = initial_peers(args)
+            if not peers:
+                peers = _start_local_swarm(model_path, stack)
+            _generate(args, model_path, peers, sampling)
         return 0
     except KeyboardInterrupt:
         print(file=sys.stderr)
@@ -105,8 +104,6 @@ def _generate(args: argparse.Namespace, model_path: str, initial_peers: tuple[st
     network = NetworkConfig(initial_peers=initial_peers, host_maddrs=tuple(args.host_maddrs),
                             announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity_path,
                             client_mode=True)
-    if not 0.0 <= args.verify_fraction <= 1.0:
-        raise ValueError("--verify-fraction must be between 0 and 1")
     config = ClientConfig(network=network, missing_blocks_timeout_s=args.timeout, push=args.push,
                           verify_fraction=args.verify_fraction, trusted_servers=tuple(args.trusted_servers))
     tokenizer = AutoTokenizer.from_pretrained(model_path)

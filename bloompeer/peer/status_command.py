@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+from typing import TYPE_CHECKING
 
-from ..p2p import ServerRecord
 from .default_model import DEMO_MODEL_DIR
-from .swarm_status import status_data
+from .flags import model_argument, network_config
+
+if TYPE_CHECKING:
+    from ..p2p import ServerRecord
 
 __all__ = ["add_status_parser", "run_status", "format_status"]
 
@@ -18,7 +22,7 @@ def add_status_parser(commands, add_network_flags) -> None:
         description="Read the swarm's DHT records for a model and print, for each block, the servers that announce "
                     "it (short peer id, state, throughput, cache room, direct or relayed); blocks nobody serves are "
                     "marked MISSING.")
-    status.add_argument("--model", default=str(DEMO_MODEL_DIR),
+    status.add_argument("--model", default=str(DEMO_MODEL_DIR), type=model_argument,
                         help="local checkpoint directory or hub name (default: the bundled demo model); only its "
                              "config is read")
     status.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
@@ -54,12 +58,14 @@ def run_status(args: argparse.Namespace) -> int:
 
     from ..blocks import open_checkpoint
     from ..p2p import BloompeerError, PeerNode
-    from .cli import _network_config, logger
+    from .swarm_status import status_data
+
+    logger = logging.getLogger("bloompeer")
 
     async def fetch():
         checkpoint = open_checkpoint(model)
         num_blocks = checkpoint.config().n_layer
-        node = await PeerNode.create(_network_config(args, client_mode=True))
+        node = await PeerNode.create(network_config(args, client_mode=True))
         try:
             return checkpoint.model_uid, num_blocks, await node.directory.find_servers(checkpoint.model_uid,
                                                                                        num_blocks)

@@ -102,7 +102,36 @@ def test_bad_arguments_are_explained():
 def test_serve_refuses_blocks_beyond_the_model(swarm, tiny_checkpoint):
     result = _run(["serve", "--model", str(tiny_checkpoint), "--blocks", "2:9", "--initial-peers",
                    *swarm.initial_peers])
-    assert result.returncode == 1 and "not a range within" in result.stderr
+    assert result.returncode == 2 and "--blocks 2:9 is not within the model's 4 blocks (0:4)" in result.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["serve", "--model", "/missing", "--blocks", "0:2"], "/missing is not a directory"),
+    (["serve", "--model", "{empty}", "--blocks", "0:2"], "has no config.json"),
+    (["generate", "x", "--model", "./nowhere"], "./nowhere is not a directory"),
+    (["generate", "x", "--verify-fraction", "1.5"], "--verify-fraction: 1.5 is not between 0 and 1"),
+    (["status", "--model", "/missing"], "/missing is not a directory"),
+    (["api", "--model", "/missing"], "/missing is not a directory"),
+], ids=["serve-missing-model", "serve-not-a-checkpoint", "generate-missing-model", "verify-fraction", "status",
+        "api"])
+def test_arguments_are_checked_before_anything_starts(args, says, tmp_path):
+    """A bad argument is refused in one line, before torch, hivemind or any process is started."""
+    marker = uuid.uuid4().hex
+    args = [arg.replace("{empty}", str(tmp_path)) for arg in args]
+    result = _run(["-v", *args], env={MARKER_ENV: marker}, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert [line for line in result.stderr.splitlines() if "error:" in line] == [
+        line for line in result.stderr.splitlines() if says in line], result.stderr
+    assert "Traceback" not in result.stderr
+    assert processes_with_env(MARKER_ENV, marker) == []
+
+
+def test_the_command_line_loads_no_heavy_module_before_it_must():
+    """--help and argument checks import neither torch nor hivemind (they take seconds to load)."""
+    script = ("import sys\nfrom bloompeer.peer.cli import build_parser\nbuild_parser()\n"
+              "print(sorted(m for m in ('torch', 'hivemind', 'transformers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "[]", result.stderr
 
 
 @pytest.mark.parametrize("whole_group", [False, True], ids=["process", "process-group"])

@@ -60,3 +60,39 @@ def test_every_module_imports_alone():
         "    importlib.import_module(m)\n"
     )
     subprocess.run([sys.executable, "-c", script, *MODULES], check=True, timeout=300)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the bloompeer modules it imports anywhere in its source, function bodies included
+    (an import hidden in a function still ties the two modules together)."""
+    known = set(MODULES)
+    graph = {}
+    for module in MODULES:
+        targets = set()
+        for name in _imports(module):
+            while name and name not in known:  # `from pkg.mod import name` names pkg.mod
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def test_no_import_circle_anywhere():
+    graph, state, path = _import_graph(), {}, []
+
+    def visit(module):
+        state[module] = "open"
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                circle = path[path.index(target):] + [target]
+                raise AssertionError("import circle: " + " -> ".join(circle))
+            if target not in state:
+                visit(target)
+        path.pop()
+        state[module] = "done"
+
+    for module in MODULES:
+        if module not in state:
+            visit(module)

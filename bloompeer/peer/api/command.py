@@ -15,6 +15,7 @@ import logging
 import socket
 
 from ..default_model import DEMO_MODEL_DIR
+from ..flags import model_argument
 
 __all__ = ["add_api_parser", "run_api"]
 
@@ -30,7 +31,7 @@ def add_api_parser(commands, add_network_flags) -> None:
                     "included), a swarm dashboard at / and Prometheus metrics at /metrics. This process is a "
                     "client of the swarm (it opens no p2p port); with no --initial-peers (and no "
                     "$BLOOMPEER_INITIAL_PEERS) it starts a local swarm of the model and stops it at exit.")
-    api.add_argument("--model", default=str(DEMO_MODEL_DIR),
+    api.add_argument("--model", default=str(DEMO_MODEL_DIR), type=model_argument,
                      help="local checkpoint directory or hub name (default: the bundled demo model); requests "
                           "name it by its last path component (GET /v1/models lists it)")
     api.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
