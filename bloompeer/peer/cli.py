@@ -106,6 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
                          help="do not relay traffic for peers behind NAT (by default a directly reachable server "
                               "relays for them, up to 16 GiB and 24 h per connection). A server that cannot be "
                               "reached itself is served through its --initial-peers in any case")
+    monitoring = serve.add_argument_group("monitoring")
+    monitoring.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                            help="serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (tokens computed, "
+                                 "requests by kind and error code, step latency, batch sizes, open sessions, cache "
+                                 "room, queue depth); 0 picks a free port; the URL is printed at start (default: off)")
+    monitoring.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDR",
+                            help="address the metrics endpoint listens on (default: 127.0.0.1, this machine only; "
+                                 "0.0.0.0 lets a Prometheus on another machine scrape it)")
 
     from .generate_command import add_generate_parser
     from .status_command import add_status_parser
@@ -166,6 +174,7 @@ async def run_serve(args: argparse.Namespace) -> int:
         max_step_tokens=args.max_step_tokens, max_length=args.max_length, max_batch=args.max_batch,
         max_sessions_per_peer=args.max_sessions_per_peer, max_frame_bytes=int(args.max_frame_mb * 2**20),
         throughput=args.throughput, drain_timeout_s=args.drain_timeout,
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
     )
     stop = _signal_event()
     starting = asyncio.ensure_future(Server.create(config))
@@ -179,6 +188,8 @@ async def run_serve(args: argparse.Namespace) -> int:
         for maddr in await _reachable_first(server.node):
             print(maddr, flush=True)
         print(server.reachability, flush=True)
+        if server.metrics_endpoint is not None:
+            print(f"metrics: {server.metrics_endpoint.url}", flush=True)
         print(f"online: serving {server.model_uid} blocks {server.start}:{server.end} as {server.node.peer_id_str}",
               flush=True)
         await stop.wait()

@@ -13,6 +13,7 @@ import torch
 from ...blocks import BlockSpan, SessionCache
 from ...p2p import BackwardRequest, ErrorCode, ForwardRequest, Message, OpenSession, ProtocolError, Step
 from .config import ServerConfig
+from .metrics import ServerMetrics
 from .scheduler import Scheduler
 from .sessions import Session, SessionRegistry
 
@@ -21,9 +22,9 @@ __all__ = ["SpanBackend"]
 
 class SpanBackend:
     def __init__(self, span: BlockSpan, model_uid: str, config: ServerConfig, registry: SessionRegistry,
-                 scheduler: Scheduler, accepting: Callable[[], bool]):
+                 scheduler: Scheduler, accepting: Callable[[], bool], metrics: ServerMetrics):
         self.span, self.model_uid, self.config = span, model_uid, config
-        self.registry, self.scheduler, self.accepting = registry, scheduler, accepting
+        self.registry, self.scheduler, self.accepting, self.metrics = registry, scheduler, accepting, metrics
         self.dtype = getattr(torch, config.dtype)
         self.hidden_size = span.config.hidden_size
 

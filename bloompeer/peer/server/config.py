@@ -32,3 +32,5 @@ class ServerConfig:
     throughput: float | None = None  # announced decode tokens/s through one block (None: measure once, cached)
     drain_timeout_s: float = 5.0  # on SIGTERM, how long open sessions get to move before the server exits
     choice_delay_s: float = 2.0  # --num-blocks waits up to this long (random) so that peers starting together differ
+    metrics_port: int | None = None  # serve Prometheus metrics at http://metrics_host:PORT/metrics (0: any free port)
+    metrics_host: str = "127.0.0.1"  # where the metrics endpoint listens (0.0.0.0: for a Prometheus elsewhere)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from ...p2p import (
     ProtocolError, PushStep, ServerInfo, SessionReady, Step, StepOutput, decode_message, read_frame, write_frame,
 )
 from .backend import SpanBackend
+from .metrics import OK, ServerMetrics
 from .push import PushSender
 from .sessions import Session
 
@@ -39,15 +41,23 @@ def _error_frame(exc: Exception, peer: str) -> ErrorFrame:
     return ErrorFrame(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
+def _frame_kind(frame: dict[str, Any]) -> str:
+    """The kind of request a frame is, for the metrics (its type; unknown types become "invalid")."""
+    kind = frame.get("type")
+    return kind if isinstance(kind, str) else "invalid"
+
+
 async def _serve_frames(reader: asyncio.StreamReader, send: Callable[[Message], Awaitable[None]],
-                        handle: FrameHandler, max_frame_bytes: int, peer: str) -> None:
-    """Answer frames until end of stream or until `handle` returns CLOSE (None: answered already)."""
+                        handle: FrameHandler, max_frame_bytes: int, peer: str, metrics: ServerMetrics) -> None:
+    """Answer frames until end of stream or until `handle` returns CLOSE (None: answered, and
+    counted, already)."""
     while True:
         try:
             frame = await read_frame(reader, max_frame_bytes)
         except asyncio.IncompleteReadError:
             return
         except ProtocolError as exc:
+            metrics.count_request("invalid", exc.code)
             await send(ErrorFrame(exc.code, str(exc)))
             if exc.code is ErrorCode.TOO_LARGE:
                 return  # the unread body is still in the stream
@@ -58,6 +68,8 @@ async def _serve_frames(reader: asyncio.StreamReader, send: Callable[[Message], 
             raise
         except Exception as exc:
             reply = _error_frame(exc, peer)
+        if reply is not None:
+            metrics.count_request(_frame_kind(frame), reply.code if isinstance(reply, ErrorFrame) else OK)
         if reply is CLOSE:
             return
         if reply is not None:
@@ -73,16 +85,22 @@ async def _run_stream(name: str, peer: str, writer: asyncio.StreamWriter, loop: 
         writer.close()
 
 
-async def run_step(backend: SpanBackend, pusher: PushSender, session: Session, step: Step) -> None:
+async def run_step(backend: SpanBackend, pusher: PushSender, session: Session, step: Step,
+                   pushed: bool = False) -> None:
     """Compute a step of `session`, push the output on to the next hop (if the client asked), and
     answer the session's client. Used for steps from the client and for steps pushed to us."""
+    kind, received = "push" if pushed else "step", time.perf_counter()
     try:
         output = await backend.step(session, step)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        await session.deliver(_error_frame(exc, session.peer_id_str))
+        error = _error_frame(exc, session.peer_id_str)
+        backend.metrics.count_request(kind, error.code)
+        await session.deliver(error)
         return
+    backend.metrics.step_latency.observe(time.perf_counter() - received)
+    backend.metrics.count_request(kind)
     deliveries = [session.deliver(StepOutput(output, step.step_id))]
     if step.push:
         hop, rest = step.push[0], step.push[1:]
@@ -130,7 +148,8 @@ async def handle_inference_stream(backend: SpanBackend, pusher: PushSender, cont
     peer_id_str = context.peer_id.to_base58()
     stream = _InferenceStream(backend, pusher, peer_id_str, writer)
     try:
-        loop = _serve_frames(reader, stream.send, stream.handle, backend.config.max_frame_bytes, peer_id_str)
+        loop = _serve_frames(reader, stream.send, stream.handle, backend.config.max_frame_bytes, peer_id_str,
+                             backend.metrics)
         await _run_stream("inference", peer_id_str, writer, loop)
     finally:
         await stream.close()
@@ -147,8 +166,9 @@ async def handle_push_stream(backend: SpanBackend, pusher: PushSender, context: 
         session = backend.registry.find(pushed.session_id)
         if session is None:
             logger.debug("%s pushed a step to an unknown session", peer_id_str)
+            backend.metrics.count_request("push", ErrorCode.NOT_SERVING)
             return None
-        task = asyncio.create_task(run_step(backend, pusher, session, pushed.step))
+        task = asyncio.create_task(run_step(backend, pusher, session, pushed.step, pushed=True))
         running.add(task)
         task.add_done_callback(running.discard)
         return None
@@ -157,7 +177,8 @@ async def handle_push_stream(backend: SpanBackend, pusher: PushSender, context: 
         logger.debug("Bad push from %s: %s", peer_id_str, getattr(message, "message", message))
 
     try:
-        loop = _serve_frames(reader, send_nothing, handle, backend.config.max_frame_bytes, peer_id_str)
+        loop = _serve_frames(reader, send_nothing, handle, backend.config.max_frame_bytes, peer_id_str,
+                             backend.metrics)
         await _run_stream("push", peer_id_str, writer, loop)
     finally:
         await asyncio.gather(*running, return_exceptions=True)
@@ -177,9 +198,11 @@ async def handle_forward_stream(backend: SpanBackend, context: StreamInfo, reade
     async def send(message: Message) -> None:
         await write_frame(writer, message.to_wire())
 
-    loop = _serve_frames(reader, send, handle, backend.config.max_frame_bytes, peer_id_str)
+    loop = _serve_frames(reader, send, handle, backend.config.max_frame_bytes, peer_id_str, backend.metrics)
     await _run_stream("forward", peer_id_str, writer, loop)
 
 
-async def handle_info_stream(info: Callable[[], ServerInfo], context: StreamInfo, reader, writer) -> None:
+async def handle_info_stream(info: Callable[[], ServerInfo], metrics: ServerMetrics, context: StreamInfo, reader,
+                             writer) -> None:
+    metrics.count_request("info")
     await _run_stream("info", context.peer_id.to_base58(), writer, write_frame(writer, info().to_wire()))

@@ -24,6 +24,7 @@ import torch
 from ...blocks import BlockSpan, Segment, SessionCache
 from ...p2p import BackwardRequest, ErrorCode, ProtocolError, Step
 from .compute import ComputeWorker
+from .metrics import ServerMetrics
 
 __all__ = ["Priority", "Scheduler"]
 
@@ -61,19 +62,25 @@ def _prompts_within(prompts: torch.Tensor | None, begin: int, end: int) -> torch
 
 class Scheduler:
     def __init__(self, span: BlockSpan, compute: ComputeWorker, max_batch_tokens: int, device: str,
-                 dtype: torch.dtype, max_batch_sessions: int | None = None):
+                 dtype: torch.dtype, max_batch_sessions: int | None = None, metrics: ServerMetrics | None = None):
         """max_batch_sessions: at most this many requests share a pass (None: as many as fit in
         max_batch_tokens; 1 turns cross-session batching off, for comparison)."""
         self.span, self.compute, self.max_batch_tokens = span, compute, max_batch_tokens
         if max_batch_sessions is not None and max_batch_sessions < 1:
             raise ValueError(f"max_batch_sessions must be at least 1, got {max_batch_sessions}")
         self.max_batch_sessions = max_batch_sessions
+        self.metrics = metrics or ServerMetrics()
         self.device, self.dtype = device, dtype
         self._queue: list[_Work] = []
         self._ready = asyncio.Event()
         self._order = itertools.count()
         self.batches_run = 0  # for tests and logs: how many passes ran, and with how many requests
         self.requests_run = 0
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for the compute thread."""
+        return len(self._queue)
 
     async def step(self, cache: SessionCache, step: Step) -> torch.Tensor:
         """One inference step of a session, in chunks of at most max_batch_tokens rows."""
@@ -181,9 +188,11 @@ class Scheduler:
             batch = [work for work in self._next_batch() if not work.future.cancelled()]
             if not batch:
                 continue
-            results = await self.compute.run(self._execute, batch, rows=sum(work.rows for work in batch))
+            rows = sum(work.rows for work in batch)
+            results = await self.compute.run(self._execute, batch, rows=rows)
             self.batches_run += 1
             self.requests_run += len(batch)
+            self.metrics.count_pass(batch[0].priority.name.lower(), len(batch), rows)
             for work, (output, error) in zip(batch, results):
                 if work.future.done():
                     continue

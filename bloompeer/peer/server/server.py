@@ -28,6 +28,7 @@ from .compute import ComputeWorker
 from .config import ServerConfig
 from .handlers import handle_forward_stream, handle_inference_stream, handle_info_stream, handle_push_stream
 from .memory import CacheBudget, default_cache_bytes
+from .metrics import LiveState, MetricsEndpoint, ServerMetrics
 from .push import PushSender
 from .reachability import join_network
 from .scheduler import Scheduler
@@ -52,6 +53,8 @@ class Server:
         self.backend: SpanBackend | None = None
         self.budget: CacheBudget | None = None
         self.pusher = PushSender(node.p2p)
+        self.metrics = ServerMetrics()
+        self.metrics_endpoint: MetricsEndpoint | None = None  # with --metrics-port
         self.reachability, self.relayed = "reachability: not checked", False
         self._tasks: list[asyncio.Task] = []  # announcer, scheduler, idle-session reaper
         self._handlers: list[str] = []
@@ -98,7 +101,7 @@ class Server:
             PUSH_PROTOCOL: functools.partial(handle_push_stream, self.backend, self.pusher),
             FORWARD_PROTOCOL: functools.partial(handle_forward_stream, self.backend),
             BACKWARD_PROTOCOL: functools.partial(handle_forward_stream, self.backend),
-            INFO_PROTOCOL: functools.partial(handle_info_stream, self.info),
+            INFO_PROTOCOL: functools.partial(handle_info_stream, self.info, self.metrics),
         }
         for name, handler in handlers.items():
             await self.node.p2p.add_binary_stream_handler(name, handler)
@@ -119,9 +122,17 @@ class Server:
         logger.info("Attention cache: %d tokens (%.1f MiB)", self.budget.tokens_left, budget_bytes / 2**20)
         registry = SessionRegistry(self.budget, config.max_sessions_per_peer, config.session_timeout_s)
         scheduler = Scheduler(span, self.compute, config.max_batch_tokens, config.device, dtype,
-                              config.max_batch_sessions)
+                              config.max_batch_sessions, self.metrics)
         self.backend = SpanBackend(span, self.model_uid, config, registry, scheduler,
-                                   accepting=lambda: self.state is ServerState.ONLINE)
+                                   accepting=lambda: self.state is ServerState.ONLINE, metrics=self.metrics)
+        budget = self.budget
+        self.metrics.watch(LiveState(
+            open_sessions=lambda: len(registry.sessions), queue_depth=lambda: scheduler.queue_depth,
+            cache_tokens_used=lambda: budget.used_bytes // budget.bytes_per_token,
+            cache_tokens_free=lambda: budget.tokens_left))
+        if config.metrics_port is not None:
+            self.metrics_endpoint = MetricsEndpoint(self.metrics, config.metrics_host, config.metrics_port)
+            logger.info("Metrics for Prometheus at %s", self.metrics_endpoint.url)
         self._tasks.append(asyncio.create_task(scheduler.run(), name="bloompeer-scheduler"))
         self._tasks.append(asyncio.create_task(registry.expire_idle(), name="bloompeer-session-reaper"))
 
@@ -135,6 +146,7 @@ class Server:
             peer_id=self.node.peer_id_str, state=self.state, start=self.start, end=self.end,
             throughput=self.throughput, cache_tokens_left=self.budget.tokens_left if self.budget else 0,
             dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint, relayed=self.relayed,
+            limits=RequestLimits(self.config.max_batch, self.config.max_length, self.config.max_step_tokens),
         )
 
     async def announce(self) -> bool:
@@ -146,7 +158,6 @@ class Server:
         return ok
 
     async def _announce_periodically(self) -> None:
-            limits=RequestLimits(self.config.max_batch, self.config.max_length, self.config.max_step_tokens),
         while True:
             await asyncio.sleep(self.config.announce_period_s)
             await self.announce()
@@ -179,6 +190,8 @@ class Server:
                 for name in self._handlers:
                     await self.node.p2p.remove_binary_stream_handler(name)
         finally:
+            if self.metrics_endpoint is not None:
+                self.metrics_endpoint.close()
             self.pusher.close()
             await self.node.shutdown()
             self.compute.shutdown()
