@@ -3,7 +3,8 @@
 Start-up: a local swarm if no peers are given (as `generate` does), the client model, a first
 look at the swarm (so the dashboard has latencies at once), then uvicorn on a socket bound here
 (so --port 0 works and the real port is printed). "api: http://HOST:PORT/v1" on stdout means it
-answers. SIGINT/SIGTERM stop uvicorn (streams get a few seconds), then the model and the swarm.
+answers. SIGINT/SIGTERM stop uvicorn (streams get a few seconds), then the model and the swarm;
+the exit code is then 0 for SIGTERM, 130 for SIGINT.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import signal
 import socket
 
 from ..default_model import DEMO_MODEL_DIR
@@ -44,13 +46,20 @@ def add_api_parser(commands, add_network_flags) -> None:
     add_network_flags(api, "/ip4/127.0.0.1/tcp/0")
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(0)
+
+
 def run_api(args: argparse.Namespace, network) -> int:
-    """network: the NetworkConfig the CLI built from the network flags (client mode)."""
+    """Called by cli.main only. network: the NetworkConfig built from the network flags (client mode)."""
     from ...p2p import BloompeerError
 
     if args.max_concurrent < 1:
         logger.error("--max-concurrent must be at least 1")
         return 1
+    # SIGTERM unwinds like Ctrl-C, so the ExitStack stops the model and the local swarm. While
+    # serving, uvicorn handles it (a graceful shutdown), then raises it again, into this handler.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         with contextlib.ExitStack() as stack:
             if not network.initial_peers:

@@ -1,0 +1,81 @@
+"""`bloompeer api` as a real process, a client of the shared swarm (tests/swarm/conftest.py), and
+the official `openai` package talking to it."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from bloompeer.peer.local_swarm import PeerProcess
+from tests.swarm.conftest import fresh_model, start_servers, swarm  # noqa: F401  (the shared swarm's fixtures)
+
+START_TIMEOUT_S = 120.0
+
+
+class ApiProcess:
+    """`bloompeer api --port 0 ...`; ready once it printed "api: http://HOST:PORT/v1"."""
+
+    def __init__(self, model: Path, log_dir: Path, *args: str, name: str = "api", env: dict | None = None):
+        self.process = PeerProcess(name, ["api", "--model", str(model), "--port", "0", *args], log_dir, env)
+        try:
+            self.url = self.process.wait_for_line("api: ", time.monotonic() + START_TIMEOUT_S).split(" ", 1)[1]
+        except BaseException:
+            self.process.stop()
+            raise
+        self.base_url = self.url.removesuffix("/v1")
+
+    def client(self, **kwargs) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url, api_key="not-needed", max_retries=0, timeout=120.0, **kwargs)
+
+    def async_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.url, api_key="not-needed", max_retries=0, timeout=120.0)
+
+    def get(self, path: str) -> tuple[int, str, str]:
+        """(status, content type, body) of GET base_url + path, with the standard library's client."""
+        return _http(urllib.request.Request(self.base_url + path))
+
+    def post_json(self, path: str, body: dict) -> tuple[int, str, str]:
+        return _http(urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(), method="POST",
+                                            headers={"Content-Type": "application/json"}))
+
+    def stop(self) -> int:
+        return self.process.stop()
+
+
+def _http(request: urllib.request.Request) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.headers["Content-Type"], response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers["Content-Type"], error.read().decode()
+
+
+def start_api(model: Path, log_dir: Path, *args: str, **kwargs) -> ApiProcess:
+    return ApiProcess(model, log_dir, *args, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def api(swarm, tiny_checkpoint, tmp_path_factory) -> Iterator[ApiProcess]:
+    """The API over the shared swarm's tiny model."""
+    process = start_api(tiny_checkpoint, tmp_path_factory.mktemp("api-logs"), "--initial-peers",
+                        *swarm.initial_peers)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def client(api) -> Iterator[openai.OpenAI]:
+    with api.client() as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def model_id(tiny_checkpoint) -> str:
+    return tiny_checkpoint.name

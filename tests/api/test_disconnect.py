@@ -1,0 +1,81 @@
+"""A client that leaves mid-stream stops its generation: the servers' caches are free again at once
+(as each server reports its cache room), long before the generation could have finished."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest_asyncio
+from hivemind.p2p import PeerID
+from prometheus_client.parser import text_string_to_metric_families
+
+from bloompeer.p2p import INFO_PROTOCOL, NetworkConfig, PeerNode, ServerInfo, read_frame
+
+MAX_TOKENS = 4000  # minutes of generation: it can only end this soon if the disconnect stopped it
+
+
+@pytest_asyncio.fixture
+async def node(swarm):
+    node = await PeerNode.create(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True))
+    yield node
+    await node.shutdown()
+
+
+async def _info(node, server) -> ServerInfo:
+    _, reader, writer = await node.p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id_str),
+                                                                  INFO_PROTOCOL)
+    try:
+        return ServerInfo.from_wire(await asyncio.wait_for(read_frame(reader), 30))
+    finally:
+        writer.close()
+
+
+async def _rooms(node, servers) -> list[tuple[int, int]]:
+    """(cache tokens left, open sessions) of each server."""
+    return [(info.cache_tokens_left, info.sessions) for info in [await _info(node, s) for s in servers]]
+
+
+async def _until(condition, what: str, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await condition():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {timeout_s:.0f} s: {what}"
+        await asyncio.sleep(0.25)
+
+
+async def _generations(api) -> dict[str, float]:
+    _, _, text = await asyncio.to_thread(api.get, "/metrics")
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "bloompeer_api_generations")
+    counts = {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")}
+    tokens = next(f for f in text_string_to_metric_families(text) if f.name == "bloompeer_api_generated_tokens")
+    return counts | {"tokens": sum(s.value for s in tokens.samples if s.name.endswith("_total"))}
+
+
+async def test_a_disconnect_mid_stream_frees_the_servers_caches(api, swarm, node, model_id):
+    servers = swarm.servers[:2]  # the shared swarm's own servers: blocks 0:2 and 2:4
+    idle = await _rooms(node, servers)
+    assert all(sessions == 0 for _, sessions in idle), idle
+    before = await _generations(api)
+
+    async with api.async_client() as client:
+        stream = await client.completions.create(model=model_id, prompt="Leaving soon", max_tokens=MAX_TOKENS,
+                                                 temperature=0, stream=True)
+        received = 0
+        async for _ in stream:
+            received += 1
+            if received == 3:
+                break
+        busy = await _rooms(node, servers)
+        assert all(sessions == 1 and room < idle_room for (room, sessions), (idle_room, _) in zip(busy, idle)), busy
+        await stream.close()  # the HTTP client goes away
+
+        await _until(lambda: _freed(node, servers, idle), "the servers' caches are free again")
+    after = await _generations(api)
+    assert after.get("disconnect", 0) == before.get("disconnect", 0) + 1
+    assert after["tokens"] - before["tokens"] < MAX_TOKENS
+
+
+async def _freed(node, servers, idle) -> bool:
+    try:
+        return await _rooms(node, servers) == idle
+    except (asyncio.IncompleteReadError, ConnectionError):  # seen once while a server was busy: ask again
+        return False

@@ -1,0 +1,46 @@
+"""GET /metrics, parsed with prometheus_client's own parser: counters rise by at least what was generated."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def _scrape(api) -> dict[tuple[str, tuple], float]:
+    status, content_type, text = api.get("/metrics")
+    assert status == 200 and content_type.startswith("text/plain")
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def _value(samples, name, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_counters_rise_by_at_least_the_tokens_generated(api, client, model_id):
+    before = _scrape(api)
+    response = client.completions.create(model=model_id, prompt="Count me", max_tokens=10, temperature=0)
+    streamed = list(client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Hi"}],
+                                                   max_tokens=6, temperature=0, stream=True,
+                                                   stream_options={"include_usage": True}))
+    generated = response.usage.completion_tokens + streamed[-1].usage.completion_tokens
+    after = _scrape(api)
+
+    def delta(name, **labels):
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    assert generated > 0
+    assert delta("bloompeer_api_generated_tokens_total", model=model_id) >= generated
+    assert delta("bloompeer_api_prompt_tokens_total", model=model_id) >= response.usage.prompt_tokens
+    assert delta("bloompeer_api_requests_total", endpoint="/v1/completions", code="200") >= 1
+    assert delta("bloompeer_api_requests_total", endpoint="/v1/chat/completions", code="200") >= 1
+    assert delta("bloompeer_api_time_to_first_token_seconds_count", model=model_id) >= 2
+    assert delta("bloompeer_api_inter_token_latency_seconds_count", model=model_id) >= generated - 2
+    assert _value(after, "bloompeer_api_generations_in_progress", model=model_id) == 0
+
+
+def test_errors_are_counted_by_status_code(api, client):
+    before = _scrape(api)
+    assert api.post_json("/v1/completions", {"model": "unknown", "prompt": "x"})[0] == 404
+    after = _scrape(api)
+    key = ("bloompeer_api_requests_total", (("code", "404"), ("endpoint", "/v1/completions")))
+    assert after[key] - before.get(key, 0.0) == 1
