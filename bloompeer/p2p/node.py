@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import tempfile
+from collections.abc import Awaitable
 
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P, P2PDaemonError
@@ -83,6 +84,21 @@ class PeerNode:
         """False once the p2pd process has exited (e.g. killed along with our process group)."""
         child = getattr(self.p2p, "_child", None)  # hivemind keeps the daemon's process here
         return child is not None and child.returncode is None
+
+    async def unless_daemon_gone(self, goodbye: Awaitable[object]) -> None:
+        """Await a last word to the network at shutdown (announce offline, unregister handlers),
+        skipped or cut short if the daemon is gone. When our whole process group gets SIGTERM the
+        daemon dies with us, and may do so between `daemon_alive` saying yes (it has not been reaped
+        yet) and the call; its control socket is then gone (FileNotFoundError). That is the expected
+        end of such a shutdown, not an error."""
+        if not self.daemon_alive:
+            if asyncio.iscoroutine(goodbye):
+                goodbye.close()
+            return
+        try:
+            await goodbye
+        except (OSError, P2PDaemonError) as exc:
+            logger.debug("The daemon was gone before our last word to the network: %r", exc)
 
     async def visible_maddrs(self) -> list[str]:
         return [str(maddr) for maddr in await self.p2p.get_visible_maddrs()]

@@ -7,7 +7,9 @@ a torch model can call them from its forward.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import weakref
 
 import torch
 
@@ -24,6 +26,17 @@ __all__ = ["SwarmClient"]
 
 logger = logging.getLogger(__name__)
 
+_connected: weakref.WeakSet[SwarmClient] = weakref.WeakSet()  # not shut down yet: left at exit
+
+
+@atexit.register
+def _leave_the_swarm_at_exit() -> None:
+    """Shut down the clients a program did not: their loop thread and daemon would otherwise still
+    run while the interpreter tears itself down, which can crash it (SIGSEGV) after the program's
+    work is done. atexit runs after the main thread returns, before interpreter teardown."""
+    for client in list(_connected):
+        client.shutdown()
+
 
 class SwarmClient:
     def __init__(self, runtime: ClientRuntime, node: PeerNode, swarm: SwarmView, config: ClientConfig,
@@ -31,6 +44,7 @@ class SwarmClient:
         self.runtime, self.node, self.swarm, self.config, self.verifier = runtime, node, swarm, config, verifier
         self.sequential = SwarmSequential(node.p2p, swarm, config)
         self._refresher = runtime.run(self._start_refresher())
+        _connected.add(self)
 
     async def _start_refresher(self) -> asyncio.Task:
         return asyncio.create_task(self.swarm.keep_fresh(), name="bloompeer-swarm-view")
@@ -70,8 +84,10 @@ class SwarmClient:
         return ThroughSwarm.apply(hidden, prompts, (self.sequential, self.runtime.run), padding_mask)
 
     def shutdown(self) -> None:
+        """Stop the swarm view, the network peer and the client's loop thread, in that order. Idempotent."""
         if self.runtime is None:
             return
+        _connected.discard(self)
         try:
             self.runtime.run(self._stop())
         finally:

@@ -168,12 +168,17 @@ class Server:
         if self.state is not ServerState.ONLINE or not self.node.daemon_alive:
             return
         self.state = ServerState.DRAINING
-        await self.announce()
+        await self.node.unless_daemon_gone(self.announce())
         deadline = time.monotonic() + timeout_s
         while self.backend.registry.sessions and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         left = len(self.backend.registry.sessions)
         logger.info("Drained: %s", f"{left} session(s) still open after {timeout_s:.0f} s" if left else "no sessions left")
+
+    async def _say_goodbye(self) -> None:
+        await self.announce()
+        for name in self._handlers:
+            await self.node.p2p.remove_binary_stream_handler(name)
 
     async def shutdown(self) -> None:
         """Announce offline and release everything. Idempotent."""
@@ -185,10 +190,8 @@ class Server:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
-            if was_announced and self.node.daemon_alive:
-                await self.announce()
-                for name in self._handlers:
-                    await self.node.p2p.remove_binary_stream_handler(name)
+            if was_announced:
+                await self.node.unless_daemon_gone(self._say_goodbye())
         finally:
             if self.metrics_endpoint is not None:
                 self.metrics_endpoint.close()

@@ -1,0 +1,71 @@
+"""Every bloompeer process ends the same way every time: its work done, exit status 0, nothing left.
+
+Races at exit show up only now and then (a daemon dying with our process group before we said
+goodbye to it; loop threads still running while the interpreter tears down), so each case is run
+several times, some at once, and every exit status is checked.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from .conftest import MARKER_ENV, processes_with_env
+
+RUNS = 4
+AT_ONCE = 2
+
+CLIENT_SCRIPT = """
+import sys, torch
+from bloompeer import DistributedBloomForCausalLM
+model = DistributedBloomForCausalLM.from_pretrained(sys.argv[1], initial_peers=sys.argv[2:])
+tokens = model.generate(torch.tensor([[1, 60, 61, 62]]), max_new_tokens=6, do_sample=False)
+print(tokens.tolist())
+{ending}
+"""
+
+
+@pytest.mark.parametrize("ending", ["model.shutdown()", ""], ids=["shutdown", "left-to-exit"])
+def test_client_scripts_exit_cleanly_every_time(swarm, tiny_checkpoint, reference_model, ending):
+    """A short client script, run many times (some at once), prints the right tokens and exits 0,
+    also when it never calls shutdown()."""
+    with torch.inference_mode():
+        expected = reference_model.generate(torch.tensor([[1, 60, 61, 62]]), max_new_tokens=6, do_sample=False)
+    marker = uuid.uuid4().hex
+    script = CLIENT_SCRIPT.format(ending=ending)
+    env = {**os.environ, MARKER_ENV: marker}
+
+    def run(_):
+        return subprocess.run([sys.executable, "-c", script, str(tiny_checkpoint), *swarm.initial_peers],
+                              capture_output=True, text=True, env=env, timeout=180)
+
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        results = list(pool.map(run, range(RUNS)))
+    for result in results:
+        assert result.returncode == 0, f"exit status {result.returncode}\n{result.stderr[-3000:]}"
+        assert result.stdout.strip() == str(expected.tolist())
+    assert processes_with_env(MARKER_ENV, marker) == []
+
+
+def test_servers_stop_by_group_sigterm_every_time(swarm):
+    """SIGTERM to each server's whole process group (what Ctrl-C in a terminal, or systemd, does):
+    the daemon dies at the same moment as the server; every server still exits 0 with no error."""
+    marker = uuid.uuid4().hex
+    servers = [swarm.add_server(0, 1, name=f"group-term-{i}", wait=False, env={MARKER_ENV: marker})
+               for i in range(RUNS)]
+    deadline = time.monotonic() + 120
+    for server in servers:
+        server.wait_online(deadline)
+    for server in servers:
+        os.killpg(server.pid, signal.SIGTERM)
+    for server in servers:
+        assert server.process.wait(timeout=60) == 0, server.log_tail()
+        log = server.log_path.read_text()  # (p2pd's own complaints as it dies are not ours: "ERROR hivemind...")
+        assert " ERROR bloompeer" not in log and "Traceback" not in log, server.log_tail()
+    assert processes_with_env(MARKER_ENV, marker) == []
