@@ -19,12 +19,16 @@ __all__ = ["ComputeWorker", "SINGLE_THREAD_MAX_ROWS"]
 
 T = TypeVar("T")
 
-# Calls of at most this many rows (batch x new tokens) run on one thread. Measured on a 2-core
-# CPU (scratch script, medians of 25 steps): one row took the same time on one thread as on two
-# (hidden 1024, 12 blocks: 40.0 vs 40.4 ms), and much less when other processes competed for the
-# cores (4 blocks of hidden 64: 1.1 vs 2.1 ms); 4 rows and more were faster on two threads
-# (hidden 1024, 12 blocks, 16 rows: 138 vs 96 ms).
-SINGLE_THREAD_MAX_ROWS = 1
+# Calls of at most this many rows (batch x new tokens) run on one thread: every decode pass, also
+# one batching many sessions' steps. Splitting a pass over torch's threads means a barrier at every
+# op, so both threads must get a core a hundred times per pass; on a 2-core machine where the
+# server shares the cores with its p2p daemon, its clients or anything else, that waiting cost far
+# more than the second core gave. Measured (benchmarks/throughput.py and a scratch script, 12 blocks
+# of hidden 1024, 2 cores busy with other work): 8 rows 190 vs 1068 ms on one vs two threads,
+# 32 rows 427 vs 3304 ms; 8 light sessions on a server of 4 blocks of hidden 64: 446 vs 23 steps/s.
+# On an idle machine two threads were faster from about 4 rows on (16 rows: 138 vs 96 ms), so
+# large passes (long prompts) still use every thread.
+SINGLE_THREAD_MAX_ROWS = 64
 
 
 class ComputeWorker:

@@ -1,0 +1,286 @@
+"""Server throughput under concurrent sessions, with cross-session batching on and off, in one run.
+
+For each model (random weights, written to a temp dir) and each batching mode, starts a bootstrap
+peer and ONE server holding every block of the model on 127.0.0.1 (batching off is
+`serve --max-batch-sessions 1`), then for N = 1, 2, 4, 8, 16 concurrent sessions measures:
+  - aggregate steps/s: N x steps / wall time of the stepping phase;
+  - per-session median step latency (the median over sessions of each session's median);
+  - the server's peak RSS during that measurement (VmHWM of the server process, reset before each);
+  - how many requests shared a pass on average (from the server's /metrics, `--metrics-port`).
+Two kinds of client drive the sessions:
+  - light: one client process, N threads, each with its own inference session through the
+    session API (`SwarmClient.open_session` / `step`), sending random hidden states: nothing but
+    the swarm's own work competes with the server for the cores (no embeddings, no LM head);
+  - generate: N threads calling `generate` (greedy) on ONE DistributedBloomForCausalLM, the way a
+    program serving many users calls the Python API (the LM head runs in the client process).
+Each session first sends a 16-token prompt (not timed), then `--steps` one-token steps (timed);
+all sessions start stepping together.
+
+    python benchmarks/throughput.py                           # tiny and the bloom-560m architecture
+    python benchmarks/throughput.py --models bloom-560m --clients light --sessions 1 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from bloompeer import ClientConfig, DistributedBloomForCausalLM, NetworkConfig
+from bloompeer.blocks import open_checkpoint
+from bloompeer.peer.client.swarm_client import SwarmClient
+from bloompeer.peer.default_model import write_random_checkpoint
+from bloompeer.peer.local_swarm import LocalSwarm
+
+MODELS = {  # name -> write_random_checkpoint arguments: the server holds all of the model's blocks
+    "tiny": dict(num_blocks=4, hidden_size=64, num_heads=4, vocab_size=260),
+    "bloom-560m": dict(num_blocks=12, hidden_size=1024, num_heads=16, vocab_size=250880, max_shard_size="1GB"),
+}
+PROMPT_TOKENS = 16
+
+
+@dataclass
+class Result:
+    steps_per_s: float
+    median_step_ms: float
+    peak_rss_mib: float
+    requests_per_pass: float = float("nan")
+    error: str | None = None
+
+
+def _status_kib(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+@contextmanager
+def peak_rss(pid: int):
+    """The process's peak RSS (MiB) while the block runs: VmHWM, reset first through clear_refs."""
+    found = {}
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as clear:
+            clear.write("5")  # resets the peak resident set size to the current one
+    except OSError as exc:
+        print(f"could not reset the server's peak RSS ({exc}); the figure is the peak since start",
+              file=sys.stderr)
+    yield found
+    found["mib"] = _status_kib(pid, "VmHWM") / 1024
+
+
+def _run_threads(count: int, target) -> list:
+    """target(index, barrier) in `count` threads; returns each one's result (or exception)."""
+    results: list = [None] * count
+    barrier = threading.Barrier(count)
+
+    def run(index: int) -> None:
+        try:
+            results[index] = target(index, barrier)
+        except BaseException as exc:  # reported in the table, not raised: one row fails, not the run
+            barrier.abort()
+            results[index] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"session-{i}") for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def _summarise(results: list, steps: int, wall_s: float, rss_mib: float) -> Result:
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        return Result(float("nan"), float("nan"), rss_mib, error=f"{len(errors)} failed: {errors[0]!r}"[:160])
+    return Result(len(results) * steps / wall_s, 1000 * statistics.median(statistics.median(r) for r in results),
+                  rss_mib)
+
+
+class PassCounter:
+    """Requests and passes the server computed, from its Prometheus endpoint (batch size histogram)."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def totals(self) -> tuple[float, float]:
+        with urllib.request.urlopen(self.url, timeout=30) as response:
+            text = response.read().decode()
+        samples = {sample.name: sample.value for family in text_string_to_metric_families(text)
+                   for sample in family.samples if sample.name.startswith("bloompeer_server_batch_size")}
+        return samples["bloompeer_server_batch_size_sum"], samples["bloompeer_server_batch_size_count"]
+
+    @contextmanager
+    def measure(self, result_holder: list):
+        """Appends the mean requests per pass of what ran in the block to `result_holder`."""
+        requests, passes = self.totals()
+        yield
+        requests_after, passes_after = self.totals()
+        result_holder.append((requests_after - requests) / max(1.0, passes_after - passes))
+
+
+def measured(counter: PassCounter, run, *args) -> Result:
+    mean = []
+    with counter.measure(mean):
+        result = run(*args)
+    result.requests_per_pass = mean[0]
+    return result
+
+
+def light_clients(swarm_client: SwarmClient, hidden_size: int, sessions: int, steps: int, pid: int) -> Result:
+    """`sessions` threads, each stepping its own session with random hidden states."""
+    starts: list[float] = []
+
+    def drive(index: int, barrier: threading.Barrier) -> list[float]:
+        generator = torch.Generator().manual_seed(index)
+        session = swarm_client.open_session(max_length=PROMPT_TOKENS + steps)
+        try:
+            swarm_client.step(session, torch.randn(1, PROMPT_TOKENS, hidden_size, generator=generator))
+            tokens = [torch.randn(1, 1, hidden_size, generator=generator) for _ in range(steps)]
+            barrier.wait()
+            starts.append(time.perf_counter())
+            times = []
+            for hidden in tokens:
+                begin = time.perf_counter()
+                swarm_client.step(session, hidden)
+                times.append(time.perf_counter() - begin)
+            return times
+        finally:
+            swarm_client.close_session(session)
+
+    with peak_rss(pid) as rss:
+        results = _run_threads(sessions, drive)
+    wall_s = time.perf_counter() - min(starts) if starts else float("nan")
+    return _summarise(results, steps, wall_s, rss["mib"])
+
+
+class _TokenClock(LogitsProcessor):
+    """Waits at a barrier before the first decode step, then records when each token's logits are ready."""
+
+    def __init__(self, barrier: threading.Barrier, starts: list[float]):
+        self.barrier, self.starts, self.times = barrier, starts, []
+
+    def __call__(self, input_ids, scores):
+        if not self.times:  # the prompt's logits: every session has its prefill done before timing starts
+            self.barrier.wait()
+            self.starts.append(time.perf_counter())
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def generate_clients(model: DistributedBloomForCausalLM, vocab_size: int, sessions: int, steps: int,
+                     pid: int) -> Result:
+    """`sessions` threads calling generate on one model."""
+    starts: list[float] = []
+
+    def drive(index: int, barrier: threading.Barrier) -> list[float]:
+        prompt = torch.randint(4, vocab_size, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(index))
+        clock = _TokenClock(barrier, starts)
+        model.generate(prompt, max_new_tokens=steps + 1, min_new_tokens=steps + 1, do_sample=False,
+                       logits_processor=LogitsProcessorList([clock]), pad_token_id=0)
+        return [b - a for a, b in zip(clock.times, clock.times[1:])]
+
+    with peak_rss(pid) as rss:
+        with torch.inference_mode():
+            results = _run_threads(sessions, drive)
+    wall_s = time.perf_counter() - min(starts) if starts else float("nan")
+    return _summarise(results, steps, wall_s, rss["mib"])
+
+
+def bench_model(name: str, args: argparse.Namespace) -> dict[tuple[str, str, int], Result]:
+    spec = MODELS[name]
+    results = {}
+    with tempfile.TemporaryDirectory(prefix=f"bloompeer-throughput-{name}-") as tmp:
+        print(f"[{name}] writing a random checkpoint...", file=sys.stderr, flush=True)
+        path = write_random_checkpoint(Path(tmp) / name, **spec)
+        for batching in ("on", "off"):
+            server_args = ["--max-length", str(PROMPT_TOKENS + args.steps + 8), "--metrics-port", "0"]
+            if batching == "off":
+                server_args += ["--max-batch-sessions", "1"]
+            print(f"[{name}] starting one server of {spec['num_blocks']} blocks, batching {batching}...",
+                  file=sys.stderr, flush=True)
+            with LocalSwarm(path, [(0, spec["num_blocks"])], server_args=server_args) as swarm:
+                pid = swarm.servers[0].pid
+                counter = PassCounter(next(line.split(" ", 1)[1] for line in swarm.servers[0].stdout
+                                           if line.startswith("metrics: ")))
+                config = ClientConfig(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True),
+                                      request_timeout_s=120.0)
+                if "light" in args.clients:
+                    client = SwarmClient.connect(open_checkpoint(path), torch.float32, config)
+                    try:
+                        light_clients(client, spec["hidden_size"], 1, 4, pid)  # warm-up: route, connections
+                        for sessions in args.sessions:
+                            results["light", batching, sessions] = result = measured(
+                                counter, light_clients, client, spec["hidden_size"], sessions, args.steps, pid)
+                            _progress(name, "light", batching, sessions, result)
+                    finally:
+                        client.shutdown()
+                if "generate" in args.clients:
+                    with DistributedBloomForCausalLM.from_pretrained(path, client_config=config) as model:
+                        generate_clients(model, spec["vocab_size"], 1, 4, pid)  # warm-up
+                        for sessions in args.sessions:
+                            results["generate", batching, sessions] = result = measured(
+                                counter, generate_clients, model, spec["vocab_size"], sessions, args.steps, pid)
+                            _progress(name, "generate", batching, sessions, result)
+    return results
+
+
+def _progress(name: str, clients: str, batching: str, sessions: int, result: Result) -> None:
+    print(f"[{name}] {clients} batching {batching} N={sessions}: {result}", file=sys.stderr, flush=True)
+
+
+def print_table(name: str, results: dict[tuple[str, str, int], Result]) -> None:
+    """A markdown table, one row per (clients, N): batching on and off side by side, each relative
+    to its own N = 1."""
+    print(f"\n{name}: aggregate steps/s and per-session median step latency (x: relative to N = 1), requests per "
+          f"pass, server peak RSS")
+    print("| clients | N | on: steps/s | on: step ms | on: req/pass | on: RSS MiB | off: steps/s | off: step ms "
+          "| off: RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for clients in ("light", "generate"):
+        for sessions in sorted({n for c, _, n in results if c == clients}):
+            cells = []
+            for batching in ("on", "off"):
+                result, base = results.get((clients, batching, sessions)), results.get((clients, batching, 1))
+                if result is None or result.error:
+                    cells += [result.error if result else "-", "", "", ""][:4 if batching == "on" else 3]
+                    continue
+                ok = base is not None and not base.error
+                speedup = result.steps_per_s / base.steps_per_s if ok else float("nan")
+                slowdown = result.median_step_ms / base.median_step_ms if ok else float("nan")
+                cells += [f"{result.steps_per_s:.1f} ({speedup:.2f}x)",
+                          f"{result.median_step_ms:.1f} ({slowdown:.2f}x)"]
+                if batching == "on":
+                    cells.append(f"{result.requests_per_pass:.1f}")
+                cells.append(f"{result.peak_rss_mib:.0f}")
+            print(f"| {clients} | {sessions} | " + " | ".join(cells) + " |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--clients", nargs="+", default=["light", "generate"], choices=["light", "generate"])
+    parser.add_argument("--sessions", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--steps", type=int, default=32, help="timed one-token steps per session")
+    args = parser.parse_args()
+    if 1 not in args.sessions:
+        args.sessions = [1, *args.sessions]  # the baseline of the ratios
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; one server and its clients on 127.0.0.1")
+    for name in args.models:
+        print_table(name, bench_model(name, args))
+
+
+if __name__ == "__main__":
+    main()
