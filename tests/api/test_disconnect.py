@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import openai
+import pytest
 import pytest_asyncio
 from hivemind.p2p import PeerID
 from prometheus_client.parser import text_string_to_metric_families
@@ -79,3 +81,17 @@ async def _freed(node, servers, idle) -> bool:
         return await _rooms(node, servers) == idle
     except (asyncio.IncompleteReadError, ConnectionError):  # seen once while a server was busy: ask again
         return False
+
+
+async def test_a_plain_request_whose_client_gives_up_stops_too(api, swarm, node, model_id):
+    servers = swarm.servers[:2]
+    idle = await _rooms(node, servers)
+    before = await _generations(api)
+    async with openai.AsyncOpenAI(base_url=api.url, api_key="not-needed", max_retries=0, timeout=3.0) as client:
+        with pytest.raises(openai.APITimeoutError):  # the client closes the connection
+            await client.completions.create(model=model_id, prompt="Never mind", max_tokens=MAX_TOKENS,
+                                            temperature=0)
+    await _until(lambda: _freed(node, servers, idle), "the servers' caches are free again")
+    after = await _generations(api)
+    assert after.get("disconnect", 0) == before.get("disconnect", 0) + 1
+    assert after["tokens"] - before["tokens"] < MAX_TOKENS

@@ -108,7 +108,7 @@ async def _answer(state, request: Request, body, prompt_ids: list[int], output: 
         ended(last.finish_reason)
         return output.response("".join(text), last.finish_reason, len(prompt_ids), last.completion_tokens)
     except BaseException as exc:
-        ended("disconnect" if generation.cancelled.is_set() else "error")
+        ended("error")
         if isinstance(exc, Exception):
             raise api_error_from(exc) from exc
         raise
@@ -123,9 +123,12 @@ class _Ending:
         self.metrics, self.model, self.generation, self.done = metrics, model, generation, False
 
     def __call__(self, reason: str) -> None:
+        """reason: how it ended (finish_reason, or "error"); "disconnect" if the client left, whatever it was."""
         if self.done:
             return
         self.done = True
+        if self.generation.cancelled.is_set():
+            reason = "disconnect"
         self.generation.cancel()
         self.metrics.generations.labels(self.model, reason).inc()
         self.metrics.in_progress.labels(self.model).dec()
