@@ -67,7 +67,9 @@ def main() -> int:
             base = _base_image(args.cache_dir, args.mirror)
             _log(f"base: {base} ready after {time.monotonic() - started:.0f} s")
             building = time.monotonic()
+            previous = _image_id(args.tag)
             _build(args.tag, base, _pip_settings(args.pip_python))
+            _drop_if_untagged(previous)
         _log(f"built in {time.monotonic() - building:.0f} s ({time.monotonic() - started:.0f} s in all)")
         print(f"image: {args.tag} {_image_size(args.tag)}", flush=True)
         return 0
@@ -113,6 +115,25 @@ def _run(command: list[str], what: str, **kwargs) -> subprocess.CompletedProcess
 
 def _image_exists(name: str) -> bool:
     return subprocess.run(["buildah", "inspect", "--type", "image", name], capture_output=True).returncode == 0
+
+
+def _image_id(name: str) -> str | None:
+    inspected = subprocess.run(["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", name],
+                               capture_output=True, text=True)
+    if inspected.returncode != 0:
+        return None
+    return inspected.stdout.strip() or None
+
+
+def _drop_if_untagged(image_id: str | None) -> None:
+    """The tag's previous image, if the build moved the tag away from it: removing it removes the layers
+    only it used (those of the code that changed) and keeps the ones the new image shares with it."""
+    if image_id is None:
+        return
+    listed = subprocess.run(["buildah", "images", "--json", "--no-trunc"], capture_output=True, text=True)
+    for image in json.loads(listed.stdout or "[]"):
+        if image["id"].removeprefix("sha256:") == image_id.removeprefix("sha256:") and not image.get("names"):
+            subprocess.run(["buildah", "rmi", image_id], capture_output=True)
 
 
 def _image_size(name: str) -> str:

@@ -100,7 +100,3 @@ class ImageBuild:
         else:
             for container in _containers() - self._containers_before:
                 subprocess.run(["buildah", "rm", container], capture_output=True)
-
-    def remove_image(self) -> None:
-        if self.process is not None and self.process.returncode == 0:
-            subprocess.run(["buildah", "rmi", self.tag], capture_output=True)

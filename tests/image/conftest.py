@@ -7,7 +7,6 @@ it. Without root, buildah or debootstrap, they fail saying so (they never skip).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from .build import ImageBuild
 HERE = Path(__file__).resolve().parent
 BUILD_TIMEOUT_S = 20 * 60  # from the start of the build; a cold build alone takes about 8 minutes here
 PROMPT = "Once upon a time"
+IMAGE_TAG = "localhost/bloompeer:test"  # one name, kept: the next build reuses its layers
 _build_key = pytest.StashKey[ImageBuild]()
 
 
@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_collection_finish(session):
     if session.config.option.collectonly or not any(_is_image_test(item) for item in session.items):
         return
-    build = ImageBuild(tag=f"localhost/bloompeer:test-{os.getpid()}")
+    build = ImageBuild(tag=IMAGE_TAG)
     session.config.stash[_build_key] = build
     build.start()
 
@@ -45,7 +45,6 @@ def pytest_sessionfinish(session):
     build = session.config.stash.get(_build_key, None)
     if build is not None:
         build.stop()
-        build.remove_image()
 
 
 def pytest_terminal_summary(terminalreporter, config):
