@@ -189,12 +189,12 @@ def _debootstrap_tarball(tarball: Path, mirror: str) -> None:
 def _unmount_under(path: Path) -> None:
     prefix = str(path.resolve())
     with open("/proc/self/mounts") as mounts:
-        points = [unquote_octal(line.split()[1]) for line in mounts]
+        points = [_unquote_octal(line.split()[1]) for line in mounts]
     for point in sorted((p for p in points if p == prefix or p.startswith(prefix + "/")), key=len, reverse=True):
         subprocess.run(["umount", "--lazy", point], capture_output=True)
 
 
-def unquote_octal(field: str) -> str:
+def _unquote_octal(field: str) -> str:
     """/proc/mounts writes spaces and the like as \\040."""
     return field.encode().decode("unicode_escape")
 
