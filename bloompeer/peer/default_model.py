@@ -33,15 +33,19 @@ def write_byte_tokenizer(directory: Path) -> int:
 
 def write_random_checkpoint(directory: Path, *, num_blocks: int = 4, hidden_size: int = 64, num_heads: int = 4,
                             vocab_size: int | None = None, seed: int = 0, max_shard_size: str = "5MB",
-                            dtype: str = "float32") -> Path:
-    """Save a random-weight BLOOM (sharded safetensors) with the byte-level tokenizer."""
+                            dtype: str = "float32", initializer_range: float = 0.02) -> Path:
+    """Save a random-weight BLOOM (sharded safetensors) with the byte-level tokenizer.
+
+    initializer_range: the weights' std; transformers' default 0.02 makes a model that mostly repeats
+    its last token, a larger one (0.1 and up) a model whose next token depends on the context."""
     import torch
     from transformers import BloomConfig, BloomForCausalLM
 
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer_vocab = write_byte_tokenizer(directory)
     config = BloomConfig(vocab_size=vocab_size or tokenizer_vocab, hidden_size=hidden_size, n_layer=num_blocks,
-                         n_head=num_heads, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+                         n_head=num_heads, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                         initializer_range=initializer_range)
     torch.manual_seed(seed)
     model = BloomForCausalLM(config).to(getattr(torch, dtype)).eval()
     model.save_pretrained(directory, max_shard_size=max_shard_size)

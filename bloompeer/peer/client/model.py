@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from torch import nn
 from transformers import BloomConfig
-from transformers.generation import GenerationMixin
+from transformers.generation import GenerationMixin, GenerationMode
 from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 from transformers.models.bloom.modeling_bloom import BloomPreTrainedModel
 
@@ -21,6 +21,14 @@ from .inference_session import InferenceSession
 from .remote_cache import RemoteCache
 
 __all__ = ["DistributedBloomModel", "DistributedBloomForCausalLM"]
+
+
+def _draft_overshoot(generation_config, generation_mode) -> int:
+    """Tokens past max_length that speculative decoding may send in a verify pass: a draft model's
+    candidates stop at max_length (plus the verified token), prompt lookup's may run k past it."""
+    if generation_mode is not GenerationMode.ASSISTED_GENERATION:
+        return 0
+    return 1 + (generation_config.prompt_lookup_num_tokens or 0)
 
 
 class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, GenerationMixin):
@@ -85,7 +93,8 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
         calls, prompts = self.transformer.calls, self.transformer.pre_seq_len
         session = calls.kept_session
         if session is None:
-            session = calls.generate_session = self.swarm.open_session(max_cache_length + prompts)
+            length = max_cache_length + prompts + _draft_overshoot(generation_config, generation_mode)
+            session = calls.generate_session = self.swarm.open_session(length)
         model_kwargs["cache"] = RemoteCache(session, prompts)
 
     def generate(self, *args, **kwargs):

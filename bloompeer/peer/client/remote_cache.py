@@ -18,6 +18,7 @@ __all__ = ["RemoteCache"]
 
 class _RemotePositionLayer(CacheLayerMixin):
     supports_early_init = False
+    is_croppable = True  # a rewind: the servers' next step overwrites the dropped tokens in place
 
     def __init__(self, session: InferenceSession, prefix_length: int):
         super().__init__()
