@@ -1,7 +1,12 @@
-"""Shared fixtures: tiny random BLOOM checkpoints written to temp dirs (tests never download)."""
+"""Shared fixtures: tiny random BLOOM checkpoints written to temp dirs (tests never download), and one
+swarm for the whole run (a bootstrap peer and two servers as real processes on 127.0.0.1) that every
+test directory shares, with servers of their own started on it where a test needs them."""
 
 from __future__ import annotations
 
+import shutil
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -9,6 +14,7 @@ import torch
 from transformers import BloomForCausalLM
 
 from bloompeer.peer.default_model import write_random_checkpoint
+from bloompeer.peer.local_swarm import LocalSwarm
 
 TINY_BLOCKS = 4
 
@@ -24,3 +30,38 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 def reference_model(tiny_checkpoint) -> BloomForCausalLM:
     """transformers' own BLOOM on the same weights: the numeric reference."""
     return BloomForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def swarm(tiny_checkpoint, tmp_path_factory):
+    with LocalSwarm(tiny_checkpoint, [(0, 2), (2, 4)], log_dir=tmp_path_factory.mktemp("swarm-logs")) as swarm:
+        yield swarm
+
+
+@pytest.fixture
+def fresh_model(tiny_checkpoint, tmp_path):
+    """A copy of the tiny checkpoint under a name of its own, so its servers serve no other test."""
+    path = tmp_path / f"model-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(tiny_checkpoint, path)
+    return path
+
+
+@pytest.fixture
+def start_servers(swarm, fresh_model):
+    """start_servers([(0, 4), (0, 2)], *extra_args, program=None) -> PeerProcesses of `fresh_model`,
+    started in parallel on the shared bootstrap peer; all stopped after the test."""
+    started = []
+
+    def start(spans, *extra_args, program=None, model=None):
+        servers = [swarm.add_server(a, b, model=model or fresh_model, wait=False, extra_args=extra_args,
+                                    name=f"{fresh_model.name}-{len(started) + i}", program=program)
+                   for i, (a, b) in enumerate(spans)]
+        started.extend(servers)
+        deadline = time.monotonic() + 120
+        for server in servers:
+            server.wait_online(deadline)
+        return servers
+
+    yield start
+    for server in started:
+        server.stop()

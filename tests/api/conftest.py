@@ -1,4 +1,4 @@
-"""`bloompeer api` as a real process, a client of the shared swarm (tests/swarm/conftest.py), and
+"""`bloompeer api` as a real process, a client of the shared swarm (tests/conftest.py), and
 the official `openai` package talking to it."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import openai
 import pytest
 
 from bloompeer.peer.local_swarm import PeerProcess
-from tests.swarm.conftest import fresh_model, start_servers, swarm  # noqa: F401  (the shared swarm's fixtures)
 
 START_TIMEOUT_S = 120.0
 

@@ -1,26 +1,15 @@
-"""A swarm shared by the tests that only read from it: a bootstrap peer and two servers as real
-processes on 127.0.0.1, over the tiny checkpoint; and a client model joined to it."""
+"""A client model joined to the shared swarm (tests/conftest.py), and helpers for swarm tests."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from bloompeer import ClientConfig, DistributedBloomForCausalLM, NetworkConfig
-from bloompeer.peer.local_swarm import LocalSwarm
 
 MARKER_ENV = "BLOOMPEER_TEST_MARKER"
-
-
-@pytest.fixture(scope="session")
-def swarm(tiny_checkpoint, tmp_path_factory):
-    with LocalSwarm(tiny_checkpoint, [(0, 2), (2, 4)], log_dir=tmp_path_factory.mktemp("swarm-logs")) as swarm:
-        yield swarm
 
 
 @pytest.fixture(scope="session", params=[False, True], ids=["no-push", "push"])
@@ -46,35 +35,6 @@ def processes_with_env(name: str, value: str) -> list[int]:
         except OSError:
             continue
     return pids
-
-
-@pytest.fixture
-def fresh_model(tiny_checkpoint, tmp_path):
-    """A copy of the tiny checkpoint under a name of its own, so its servers serve no other test."""
-    path = tmp_path / f"model-{uuid.uuid4().hex[:8]}"
-    shutil.copytree(tiny_checkpoint, path)
-    return path
-
-
-@pytest.fixture
-def start_servers(swarm, fresh_model):
-    """start_servers([(0, 4), (0, 2)], *extra_args, program=None) -> PeerProcesses of `fresh_model`,
-    started in parallel on the shared bootstrap peer; all stopped after the test."""
-    started = []
-
-    def start(spans, *extra_args, program=None, model=None):
-        servers = [swarm.add_server(a, b, model=model or fresh_model, wait=False, extra_args=extra_args,
-                                    name=f"{fresh_model.name}-{len(started) + i}", program=program)
-                   for i, (a, b) in enumerate(spans)]
-        started.extend(servers)
-        deadline = time.monotonic() + 120
-        for server in servers:
-            server.wait_online(deadline)
-        return servers
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def swarm_client(swarm, model_path, tuning_mode=None, pre_seq_len=0, **config) -> DistributedBloomForCausalLM:
