@@ -2,6 +2,7 @@
 own parser, counts what a generation made it compute and the error codes of bad requests."""
 
 import asyncio
+import socket
 import subprocess
 import sys
 import time
@@ -135,3 +136,17 @@ def test_serve_help_describes_the_metrics_flags():
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())
     assert "--metrics-port PORT" in text and "/metrics" in text and "--metrics-host" in text
+
+
+def test_a_metrics_port_in_use_is_explained(swarm, fresh_model):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "bloompeer", "serve", "--model", str(fresh_model), "--blocks", "0:4",
+             "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--no-relay", "--initial-peers", *swarm.initial_peers,
+             "--metrics-port", str(port)], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert f"could not serve metrics on 127.0.0.1:{port}" in result.stderr and "--metrics-port" in result.stderr
+    assert "Traceback" not in result.stderr and "online" not in result.stdout

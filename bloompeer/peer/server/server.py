@@ -81,6 +81,9 @@ class Server:
         return server
 
     async def _start(self, num_blocks: int) -> None:
+        if self.config.metrics_port is not None:  # first: a port in use fails before minutes of loading
+            self.metrics_endpoint = MetricsEndpoint(self.metrics, self.config.metrics_host, self.config.metrics_port)
+            logger.info("Metrics for Prometheus at %s", self.metrics_endpoint.url)
         if self.start is None:
             await asyncio.sleep(random.uniform(0, self.config.choice_delay_s))
             servers = await self.node.directory.find_servers(self.model_uid, num_blocks)
@@ -130,9 +133,6 @@ class Server:
             open_sessions=lambda: len(registry.sessions), queue_depth=lambda: scheduler.queue_depth,
             cache_tokens_used=lambda: budget.used_bytes // budget.bytes_per_token,
             cache_tokens_free=lambda: budget.tokens_left))
-        if config.metrics_port is not None:
-            self.metrics_endpoint = MetricsEndpoint(self.metrics, config.metrics_host, config.metrics_port)
-            logger.info("Metrics for Prometheus at %s", self.metrics_endpoint.url)
         self._tasks.append(asyncio.create_task(scheduler.run(), name="bloompeer-scheduler"))
         self._tasks.append(asyncio.create_task(registry.expire_idle(), name="bloompeer-session-reaper"))
 
