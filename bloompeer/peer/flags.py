@@ -14,7 +14,7 @@ from pathlib import Path
 
 __all__ = [
     "INITIAL_PEERS_ENV", "add_network_flags", "check_blocks_within_model", "fraction", "initial_peers",
-    "model_argument", "network_config",
+    "model_argument", "network_config", "positive_int",
 ]
 
 INITIAL_PEERS_ENV = "BLOOMPEER_INITIAL_PEERS"
@@ -70,6 +70,16 @@ def fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not at least 1")
     return value
 
 

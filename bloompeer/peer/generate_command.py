@@ -8,7 +8,7 @@ import logging
 import sys
 
 from .default_model import DEMO_MODEL_DIR
-from .flags import fraction, initial_peers, model_argument
+from .flags import fraction, initial_peers, model_argument, positive_int
 
 __all__ = ["add_generate_parser", "run_generate"]
 
@@ -39,6 +39,14 @@ def add_generate_parser(commands, add_network_flags) -> None:
     generate.add_argument("--push", action="store_true",
                           help="have each server pass its output straight to the next one (one trip along the chain "
                                "per token instead of a round trip per server; pays off when servers are far apart)")
+    speculative = generate.add_argument_group(
+        "speculative decoding (fewer trips through the swarm per token; the same tokens as without)")
+    speculative = speculative.add_mutually_exclusive_group()
+    speculative.add_argument("--draft-model", metavar="PATH", default=None, type=model_argument,
+                             help="a small local model with the same tokenizer proposes tokens, the swarm checks "
+                                  "them all in one pass (transformers' assisted generation)")
+    speculative.add_argument("--prompt-lookup", metavar="K", type=positive_int, default=None,
+                             help="propose up to K tokens by looking up the text so far (no draft model needed)")
     trust = generate.add_argument_group("trust")
     trust.add_argument("--verify-fraction", type=fraction, default=0.0, metavar="F",
                        help="recompute this fraction of each span's steps on another server (or locally, with a "
@@ -97,7 +105,7 @@ def _generate(args: argparse.Namespace, model_path: str, initial_peers: tuple[st
 
     from ..p2p import NetworkConfig
     from .client.config import ClientConfig
-    from .client.model import DistributedBloomForCausalLM
+    from .client.model import DistributedBloomForCausalLM, draft_overshoot
 
     if args.seed is not None:
         torch.manual_seed(args.seed)
@@ -109,6 +117,9 @@ def _generate(args: argparse.Namespace, model_path: str, initial_peers: tuple[st
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     inputs = tokenizer(args.prompt, return_tensors="pt")
     max_length = inputs.input_ids.shape[1] + args.max_new_tokens
+    speculation = _speculation_kwargs(args)
+    if speculation:
+        max_length += draft_overshoot(args.prompt_lookup)
     with DistributedBloomForCausalLM.from_pretrained(model_path, client_config=config) as model, \
             model.inference_session(max_length) as session:
         model.swarm.runtime.run(session.open(batch=1))  # the route (logged) before the text starts
@@ -116,4 +127,14 @@ def _generate(args: argparse.Namespace, model_path: str, initial_peers: tuple[st
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
         with torch.inference_mode():
             model.generate(**inputs, max_new_tokens=args.max_new_tokens, streamer=streamer,
-                           pad_token_id=tokenizer.pad_token_id, **sampling)
+                           pad_token_id=tokenizer.pad_token_id, **sampling, **speculation)
+
+
+def _speculation_kwargs(args: argparse.Namespace) -> dict:
+    if args.prompt_lookup is not None:
+        return {"prompt_lookup_num_tokens": args.prompt_lookup}
+    if args.draft_model:
+        from transformers import AutoModelForCausalLM
+
+        return {"assistant_model": AutoModelForCausalLM.from_pretrained(args.draft_model).eval()}
+    return {}

@@ -39,6 +39,17 @@ def test_generate_prints_the_same_continuation_as_hf(swarm, tiny_checkpoint, ref
     assert result.stdout.rstrip("\n") == prompt + tokenizer.decode(expected[0, ids.shape[1]:], skip_special_tokens=True)
 
 
+def test_speculative_generate_prints_the_same_text(swarm, tiny_checkpoint):
+    args = ["generate", "A swarm of peers", "--model", str(tiny_checkpoint), "--max-new-tokens", "12",
+            "--initial-peers", *swarm.initial_peers]
+    plain = _run(args)
+    assert plain.returncode == 0, plain.stderr
+    for speculation in (["--prompt-lookup", "3"], ["--draft-model", str(tiny_checkpoint)]):  # the target as draft
+        speculative = _run([*args, *speculation])
+        assert speculative.returncode == 0, speculative.stderr
+        assert speculative.stdout == plain.stdout
+
+
 def test_initial_peers_from_the_environment(swarm, tiny_checkpoint):
     result = _run(["generate", "env", "--model", str(tiny_checkpoint), "--max-new-tokens", "2"],
                   env={"BLOOMPEER_INITIAL_PEERS": " ".join(swarm.initial_peers)})

@@ -20,15 +20,14 @@ from .base import DistributedBloomModel, DistributedModelMixin
 from .inference_session import InferenceSession
 from .remote_cache import RemoteCache
 
-__all__ = ["DistributedBloomModel", "DistributedBloomForCausalLM"]
+__all__ = ["DistributedBloomModel", "DistributedBloomForCausalLM", "draft_overshoot"]
 
 
-def _draft_overshoot(generation_config, generation_mode) -> int:
-    """Tokens past max_length that speculative decoding may send in a verify pass: a draft model's
-    candidates stop at max_length (plus the verified token), prompt lookup's may run k past it."""
-    if generation_mode is not GenerationMode.ASSISTED_GENERATION:
-        return 0
-    return 1 + (generation_config.prompt_lookup_num_tokens or 0)
+def draft_overshoot(prompt_lookup_num_tokens: int | None) -> int:
+    """Tokens past max_length that speculative decoding may send in a verify pass (a session must
+    have room for them): a draft model's candidates stop at max_length, plus the verified token;
+    prompt lookup's may run k past it."""
+    return 1 + (prompt_lookup_num_tokens or 0)
 
 
 class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, GenerationMixin):
@@ -93,7 +92,9 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
         calls, prompts = self.transformer.calls, self.transformer.pre_seq_len
         session = calls.kept_session
         if session is None:
-            length = max_cache_length + prompts + _draft_overshoot(generation_config, generation_mode)
+            length = max_cache_length + prompts
+            if generation_mode is GenerationMode.ASSISTED_GENERATION:
+                length += draft_overshoot(generation_config.prompt_lookup_num_tokens)
             session = calls.generate_session = self.swarm.open_session(length)
         model_kwargs["cache"] = RemoteCache(session, prompts)
 
