@@ -3,12 +3,10 @@
     from bloompeer import DistributedBloomForCausalLM
     model = DistributedBloomForCausalLM.from_pretrained("bigscience/bloom-560m", initial_peers=[...])
 
-The public names load on first use (PEP 562): importing torch, transformers and hivemind takes
-seconds, and the command line must answer --help or refuse a bad flag before that.
+The public names load on first use (see _lazy.py).
 """
 
-import importlib
-
+from ._lazy import lazy_attributes
 from ._version import __version__
 from .errors import BloompeerError
 
@@ -29,14 +27,4 @@ _LAZY = {
 
 __all__ = ["__version__", "BloompeerError", *_LAZY]
 
-
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'bloompeer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _LAZY)

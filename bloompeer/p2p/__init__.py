@@ -7,7 +7,7 @@ Names load on first use (PEP 562), so that light users (the command line's flags
 import no hivemind or torch.
 """
 
-import importlib
+from .._lazy import lazy_attributes
 
 _LAZY = {
     "BACKWARD_PROTOCOL": ".messages",
@@ -62,14 +62,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_attributes(__name__, globals(), _LAZY)

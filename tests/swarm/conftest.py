@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from transformers import LogitsProcessor
 
 from bloompeer import ClientConfig, DistributedBloomForCausalLM, NetworkConfig
 
@@ -43,3 +44,17 @@ def swarm_client(swarm, model_path, tuning_mode=None, pre_seq_len=0, **config) -
     settings = dict(request_timeout_s=3.0, swarm_refresh_period_s=1.0, poll_period_s=0.5) | config
     return DistributedBloomForCausalLM.from_pretrained(model_path, client_config=ClientConfig(network, **settings),
                                                        tuning_mode=tuning_mode, pre_seq_len=pre_seq_len)
+
+
+class AtCall(LogitsProcessor):
+    """Calls `action` once, at the `at`-th call: inside generate's loop, while a token is chosen (a
+    speculative verify pass calls it once per checked position)."""
+
+    def __init__(self, at: int, action):
+        self.at, self.action, self.count = at, action, 0
+
+    def __call__(self, input_ids, scores):
+        self.count += 1
+        if self.count == self.at:
+            self.action()
+        return scores

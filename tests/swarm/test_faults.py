@@ -12,27 +12,15 @@ import time
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessorList
 
 from bloompeer import MissingBlocksError
 
+from .conftest import AtCall
 from .conftest import swarm_client as _client
 
 PROMPT = torch.tensor([[1, 30, 31, 32, 33]])
 NEW_TOKENS = 36
-
-
-class _AtToken(LogitsProcessor):
-    """Calls `action` once, when the `at`-th new token is being chosen (inside generate's loop)."""
-
-    def __init__(self, at: int, action):
-        self.at, self.action, self.count = at, action, 0
-
-    def __call__(self, input_ids, scores):
-        self.count += 1
-        if self.count == self.at:
-            self.action()
-        return scores
 
 
 def _server_of_first_span(model, servers):
@@ -50,7 +38,7 @@ def _generate_with_fault(model, servers, fault) -> tuple[torch.Tensor, object]:
 
     with torch.inference_mode():
         tokens = model.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                                logits_processor=LogitsProcessorList([_AtToken(4, act)]))
+                                logits_processor=LogitsProcessorList([AtCall(4, act)]))
     return tokens, victim[0]
 
 

@@ -10,12 +10,12 @@ import signal
 
 import pytest
 import torch
-from transformers import BloomForCausalLM, LogitsProcessor, LogitsProcessorList
+from transformers import BloomForCausalLM, LogitsProcessorList
 
 from bloompeer.peer.client.inference_session import InferenceSession
 from bloompeer.peer.default_model import write_random_checkpoint
 
-from .conftest import swarm_client
+from .conftest import AtCall, swarm_client
 
 PROMPT = torch.tensor([[1, 60, 61, 62, 63, 64]])
 NEW_TOKENS = 24
@@ -87,19 +87,6 @@ def test_speculative_decoding_is_exact(swarm, start_servers, lively_checkpoint, 
         assert ours.tolist() == theirs.tolist()
 
 
-class _AtCall(LogitsProcessor):
-    """Calls `action` once, at the `at`-th call (a verify pass calls it once per checked position)."""
-
-    def __init__(self, at: int, action):
-        self.at, self.action, self.count = at, action, 0
-
-    def __call__(self, input_ids, scores):
-        self.count += 1
-        if self.count == self.at:
-            self.action()
-        return scores
-
-
 def test_rollback_and_replay_together(swarm, start_servers, lively_checkpoint, target, draft_model, rollbacks):
     """The route's first server is killed mid-generation, after rollbacks: the replay to its
     replacement sends only what was kept, and the tokens stay exact."""
@@ -110,6 +97,6 @@ def test_rollback_and_replay_together(swarm, start_servers, lively_checkpoint, t
             next(s for s in servers if s.peer_id_str == first).signal(signal.SIGKILL)
 
         tokens = _greedy(model, assistant_model=draft_model,
-                         logits_processor=LogitsProcessorList([_AtCall(12, kill_first)]))
+                         logits_processor=LogitsProcessorList([AtCall(12, kill_first)]))
     assert rollbacks
     assert tokens == _greedy(target)
