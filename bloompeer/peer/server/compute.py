@@ -15,12 +15,12 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["ComputeWorker", "SINGLE_THREAD_MAX_ROWS"]
+__all__ = ["ComputeWorker", "SINGLE_THREAD_MAX_DECODE_ROWS", "SINGLE_THREAD_MAX_ROWS"]
 
 T = TypeVar("T")
 
-# Calls of at most this many rows (batch x new tokens) run on one thread: every decode pass, also
-# one batching many sessions' steps. Splitting a pass over torch's threads means a barrier at every
+# Inference passes of at most this many rows (batch x new tokens) run on one thread: every decode
+# pass, also one batching many sessions' steps. Splitting a pass over torch's threads means a barrier at every
 # op, so both threads must get a core a hundred times per pass; on a 2-core machine where the
 # server shares the cores with its p2p daemon, its clients or anything else, that waiting cost far
 # more than the second core gave. Measured (benchmarks/throughput.py and a scratch script, 12 blocks
@@ -28,7 +28,11 @@ T = TypeVar("T")
 # 32 rows 427 vs 3304 ms; 8 light sessions on a server of 4 blocks of hidden 64: 446 vs 23 steps/s.
 # On an idle machine two threads were faster from about 4 rows on (16 rows: 138 vs 96 ms), so
 # large passes (long prompts) still use every thread.
-SINGLE_THREAD_MAX_ROWS = 64
+SINGLE_THREAD_MAX_DECODE_ROWS = 64
+# Other calls (whole-sequence forwards and backwards, for training) of at most this many rows run on
+# one thread. Kept apart from decoding: the thread count changes the order of float sums, and a
+# batch sent in parts must get the gradients it gets whole (2e-7 apart when it was not).
+SINGLE_THREAD_MAX_ROWS = 1
 
 
 class ComputeWorker:
@@ -38,13 +42,15 @@ class ComputeWorker:
         self._max_threads = torch.get_num_threads()
         self._threads = None  # what the compute thread is set to (a per-thread OpenMP setting)
 
-    async def run(self, fn: Callable[..., T], *args, rows: int = 1 << 30) -> T:
-        """Run fn(*args) on the compute thread; `rows` (batch x tokens) sizes its thread count."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn, args, rows)
+    async def run(self, fn: Callable[..., T], *args, rows: int = 1 << 30, decode: bool = False) -> T:
+        """Run fn(*args) on the compute thread; `rows` (batch x tokens) and whether it is an
+        inference pass (`decode`) size its thread count."""
+        single_max = SINGLE_THREAD_MAX_DECODE_ROWS if decode else SINGLE_THREAD_MAX_ROWS
+        threads = 1 if rows <= single_max else self._max_threads
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn, args, threads)
 
-    def _call(self, fn: Callable[..., T], args: tuple, rows: int) -> T:
+    def _call(self, fn: Callable[..., T], args: tuple, threads: int) -> T:
         if self._cpu:
-            threads = 1 if rows <= SINGLE_THREAD_MAX_ROWS else self._max_threads
             if threads != self._threads:
                 torch.set_num_threads(threads)
                 self._threads = threads
