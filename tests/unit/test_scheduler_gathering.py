@@ -5,28 +5,13 @@ import asyncio
 
 import pytest
 import torch
-from transformers import BloomConfig
 
-from bloompeer.blocks import BlockSpan, SessionCache
+from bloompeer.blocks import SessionCache
 from bloompeer.p2p import Step
 from bloompeer.peer.server import scheduler as scheduler_module
-from bloompeer.peer.server.compute import ComputeWorker
 from bloompeer.peer.server.scheduler import Scheduler
 
-CONFIG = BloomConfig(vocab_size=100, hidden_size=32, n_layer=2, n_head=4)
-
-
-@pytest.fixture(scope="module")
-def span():
-    torch.manual_seed(0)
-    return BlockSpan(CONFIG, 0, 2).eval().requires_grad_(False)
-
-
-@pytest.fixture
-def compute():
-    worker = ComputeWorker()
-    yield worker
-    worker.shutdown()
+from .conftest import SPAN_CONFIG as CONFIG
 
 
 def _step(cache):

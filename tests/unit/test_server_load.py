@@ -4,29 +4,14 @@ import asyncio
 
 import pytest
 import torch
-from transformers import BloomConfig
 
-from bloompeer.blocks import BlockSpan, SessionCache
+from bloompeer.blocks import SessionCache
 from bloompeer.p2p import ErrorCode, ProtocolError, Step
-from bloompeer.peer.server.compute import ComputeWorker
 from bloompeer.peer.server.memory import CacheBudget
 from bloompeer.peer.server.scheduler import Scheduler
 from bloompeer.peer.server.sessions import SessionRegistry
 
-CONFIG = BloomConfig(vocab_size=100, hidden_size=32, n_layer=2, n_head=4)
-
-
-@pytest.fixture(scope="module")
-def span():
-    torch.manual_seed(0)
-    return BlockSpan(CONFIG, 0, 2).eval().requires_grad_(False)
-
-
-@pytest.fixture
-def compute():
-    worker = ComputeWorker()
-    yield worker
-    worker.shutdown()
+from .conftest import SPAN_CONFIG as CONFIG
 
 
 async def test_budget_waits_for_room_then_refuses_with_numbers():
