@@ -1,6 +1,8 @@
-"""Flags shared by several commands, their checks, and how they become a NetworkConfig.
+"""Every flag that reaches a frozen config, and the one mapping from parsed flags to NetworkConfig,
+ServerConfig and ClientConfig.
 
-Kept free of torch, transformers and hivemind at import time, so that `bloompeer --help` and
+A flag is defined here next to the line that puts it into its config, so adding one is a change
+to one file. Kept free of torch, transformers and hivemind at import time, so that `--help` and
 every refusal of a bad argument answer before anything heavy is loaded or started. Commands
 import this module; it imports none of them (nor `cli.py`).
 """
@@ -12,12 +14,21 @@ import json
 import os
 from pathlib import Path
 
+from .arguments import block_range, fraction, model_argument, non_negative_float, port, positive_float, positive_int
+from .default_model import DEMO_MODEL_DIR
+
 __all__ = [
-    "INITIAL_PEERS_ENV", "add_network_flags", "check_blocks_within_model", "fraction", "initial_peers",
-    "model_argument", "network_config", "positive_int",
+    "INITIAL_PEERS_ENV", "add_client_flags", "add_model_flag", "add_network_flags", "add_server_flags",
+    "check_blocks_within_model", "client_config", "initial_peers", "network_config", "server_config",
 ]
 
 INITIAL_PEERS_ENV = "BLOOMPEER_INITIAL_PEERS"
+
+
+def add_model_flag(parser: argparse.ArgumentParser, use: str = "") -> None:
+    parser.add_argument("--model", default=str(DEMO_MODEL_DIR), type=model_argument,
+                        help="local checkpoint directory or Hugging Face hub name (default: the bundled demo model, "
+                             f"a small BLOOM trained on Jane Austen's novels){use}")
 
 
 def add_network_flags(parser: argparse.ArgumentParser, listen_default: str) -> argparse._ArgumentGroup:
@@ -41,56 +52,129 @@ def initial_peers(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(os.environ.get(INITIAL_PEERS_ENV, "").split())
 
 
-def network_config(args: argparse.Namespace, client_mode: bool = False, relay_for_others: bool = False):
+def network_config(args: argparse.Namespace, client_mode: bool = False, relay_for_others: bool = False,
+                   peers: tuple[str, ...] | None = None):
+    """peers: the initial peers to use instead of the flags' (a local swarm's)."""
     from ..p2p import NetworkConfig
 
     return NetworkConfig(
-        initial_peers=initial_peers(args), host_maddrs=tuple(args.host_maddrs),
+        initial_peers=initial_peers(args) if peers is None else peers, host_maddrs=tuple(args.host_maddrs),
         announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity_path, client_mode=client_mode,
         relay_for_others=relay_for_others,
     )
 
 
-def model_argument(text: str) -> str:
-    """--model: a checkpoint directory with a config.json, or a hub name (org/model), checked without loading it."""
-    path = Path(text).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise argparse.ArgumentTypeError(f"{text} has no config.json: not a Hugging Face checkpoint directory")
-        return text
-    if text.startswith((".", "/", "~")) or text.count("/") > 1 or not text:
-        raise argparse.ArgumentTypeError(f"{text} is not a directory (and not a hub name like org/model)")
-    return text
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    """What `serve` is told: which blocks, where to compute, its limits, network and monitoring."""
+    from .server.config import ServerConfig
+
+    defaults = ServerConfig(model="", start=None, end=None)
+    add_model_flag(parser)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--blocks", type=block_range, metavar="A:B", help="serve blocks A..B-1, e.g. 0:8")
+    which.add_argument("--num-blocks", type=positive_int, metavar="K",
+                       help="serve K consecutive blocks, chosen where the swarm has the least throughput")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ... (default: cpu)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="compute and cache dtype (default: float32)")
+    group = parser.add_argument_group("capacity and limits (what one server gives its clients)")
+    group.add_argument("--cache-tokens", type=positive_int, default=None, metavar="N",
+                       help="attention cache for all sessions together, in tokens over the served blocks; a new "
+                            "session reserves batch x max_length of it (default: half the free memory)")
+    group.add_argument("--session-timeout", type=positive_float, default=defaults.session_timeout_s,
+                       metavar="SECONDS",
+                       help=f"close a session after this long without a step ({defaults.session_timeout_s:.0f})")
+    group.add_argument("--max-batch-tokens", type=positive_int, default=defaults.max_batch_tokens, metavar="N",
+                       help="rows (batch x tokens) computed in one pass; sessions' steps are batched up to it and "
+                            f"longer prompts run in chunks ({defaults.max_batch_tokens})")
+    group.add_argument("--max-batch-sessions", type=positive_int, default=None, metavar="N",
+                       help="at most N sessions' steps share one pass (default: as many as fit in "
+                            "--max-batch-tokens); 1 turns batching across sessions off")
+    group.add_argument("--max-step-tokens", type=positive_int, default=defaults.max_step_tokens, metavar="N",
+                       help=f"rows (batch x tokens) one request may send ({defaults.max_step_tokens})")
+    group.add_argument("--max-batch", type=positive_int, default=defaults.max_batch, metavar="N",
+                       help=f"sequences (rows) one session or forward may have ({defaults.max_batch})")
+    group.add_argument("--max-length", type=positive_int, default=defaults.max_length, metavar="N",
+                       help=f"tokens one session may hold, prompt and output ({defaults.max_length})")
+    group.add_argument("--max-sessions-per-peer", type=positive_int, default=defaults.max_sessions_per_peer,
+                       metavar="N", help=f"sessions one client may have open at once ({defaults.max_sessions_per_peer})")
+    group.add_argument("--max-frame-mb", type=positive_float, default=defaults.max_frame_bytes / 2**20, metavar="MB",
+                       help=f"largest frame accepted ({defaults.max_frame_bytes / 2**20:.0f} MiB)")
+    group.add_argument("--throughput", type=positive_float, default=None, metavar="TOKENS_PER_S",
+                       help="announce this decode throughput (tokens/s through one block) instead of measuring it "
+                            "at start (measured once per model, device and dtype, then kept in the cache directory)")
+    group.add_argument("--drain-timeout", type=non_negative_float, default=defaults.drain_timeout_s, metavar="SECONDS",
+                       help="on SIGTERM or Ctrl-C, how long open sessions get to move elsewhere before the server "
+                            f"exits ({defaults.drain_timeout_s:.0f}); a second signal exits at once")
+    network = add_network_flags(parser, "/ip4/0.0.0.0/tcp/0")
+    network.add_argument("--no-relay", action="store_true",
+                         help="do not relay traffic for peers behind NAT (by default a directly reachable server "
+                              "relays for them, up to 16 GiB and 24 h per connection). A server that cannot be "
+                              "reached itself is served through its --initial-peers in any case")
+    monitoring = parser.add_argument_group("monitoring")
+    monitoring.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
+                            help="serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (tokens computed, "
+                                 "requests by kind and error code, step latency, batch sizes, open sessions, cache "
+                                 "room, queue depth); 0 picks a free port; the URL is printed at start (default: off)")
+    monitoring.add_argument("--metrics-host", default="127.0.0.1", metavar="ADDR",
+                            help="address the metrics endpoint listens on (default: 127.0.0.1, this machine only; "
+                                 "0.0.0.0 lets a Prometheus on another machine scrape it)")
 
 
-def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
-    return value
+def server_config(args: argparse.Namespace):
+    from .server.config import ServerConfig
+
+    start, end = args.blocks or (None, None)
+    return ServerConfig(
+        model=args.model, start=start, end=end, num_blocks=args.num_blocks,
+        network=network_config(args, relay_for_others=not args.no_relay),
+        device=args.device, dtype=args.dtype, cache_tokens=args.cache_tokens, session_timeout_s=args.session_timeout,
+        max_batch_tokens=args.max_batch_tokens, max_batch_sessions=args.max_batch_sessions,
+        max_step_tokens=args.max_step_tokens, max_length=args.max_length, max_batch=args.max_batch,
+        max_sessions_per_peer=args.max_sessions_per_peer, max_frame_bytes=int(args.max_frame_mb * 2**20),
+        throughput=args.throughput, drain_timeout_s=args.drain_timeout,
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+    )
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not at least 1")
-    return value
+def add_client_flags(parser: argparse.ArgumentParser) -> None:
+    """What a client command (generate, api) is told about using the swarm."""
+    parser.add_argument("--timeout", type=positive_float, default=60.0, metavar="SECONDS",
+                        help="how long to wait for servers of missing blocks before giving up (60)")
+    parser.add_argument("--push", action="store_true",
+                        help="have each server pass its output straight to the next one (one trip along the chain "
+                             "per token instead of a round trip per server; pays off when servers are far apart)")
+    trust = parser.add_argument_group("trust")
+    trust.add_argument("--verify-fraction", type=fraction, default=0.0, metavar="F",
+                       help="recompute this fraction of each span's steps on another server (or locally, with a "
+                            "local checkpoint) and ban servers whose outputs disagree (0: off; 1: every step)")
+    trust.add_argument("--trusted-servers", nargs="+", default=(), metavar="PEER_ID",
+                       help="use only these servers (peer ids, as `bloompeer status` and the servers print them)")
+    add_network_flags(parser, "/ip4/127.0.0.1/tcp/0")
+
+
+def client_config(args: argparse.Namespace, peers: tuple[str, ...] | None = None):
+    """peers: the initial peers to use instead of the flags' (a local swarm's)."""
+    from .client.config import ClientConfig
+
+    return ClientConfig(network=network_config(args, client_mode=True, peers=peers),
+                        missing_blocks_timeout_s=args.timeout, push=args.push,
+                        verify_fraction=args.verify_fraction, trusted_servers=tuple(args.trusted_servers))
 
 
 def check_blocks_within_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--blocks A:B against a local checkpoint's number of blocks (a hub model is checked once its config is read)."""
-    blocks = getattr(args, "blocks", None)
-    config_file = Path(args.model).expanduser() / "config.json" if blocks is not None else None
+    """--blocks A:B and --num-blocks K against a local checkpoint's number of blocks (a hub model is
+    checked once its config is read)."""
+    blocks, count = getattr(args, "blocks", None), getattr(args, "num_blocks", None)
+    config_file = Path(args.model).expanduser() / "config.json" if blocks or count else None
     if config_file is None or not config_file.is_file():
         return
     config = json.loads(config_file.read_text())
     num_blocks = config.get("n_layer", config.get("num_hidden_layers"))
-    if isinstance(num_blocks, int) and blocks[1] > num_blocks:
+    if not isinstance(num_blocks, int):
+        return
+    if blocks is not None and blocks[1] > num_blocks:
         parser.error(f"--blocks {blocks[0]}:{blocks[1]} is not within the model's {num_blocks} blocks "
                      f"(0:{num_blocks}): {args.model}")
+    if count is not None and count > num_blocks:
+        parser.error(f"--num-blocks {count} is more than the model's {num_blocks} blocks: {args.model}")

@@ -7,15 +7,16 @@ import contextlib
 import logging
 import sys
 
-from .default_model import DEMO_MODEL_DIR
-from .flags import fraction, initial_peers, model_argument, positive_int
+from .arguments import model_argument, positive_float, positive_int, probability
+from .flags import add_client_flags, add_model_flag, client_config, initial_peers
+from .local_swarm import start_local_swarm
 
-__all__ = ["add_generate_parser", "run_generate"]
+__all__ = ["add_parser", "run"]
 
 logger = logging.getLogger(__name__)
 
 
-def add_generate_parser(commands, add_network_flags) -> None:
+def add_parser(commands) -> None:
     generate = commands.add_parser(
         "generate", help="generate text through the swarm",
         description="Generate a continuation of PROMPT, printing it as tokens arrive. The embeddings and the LM "
@@ -23,22 +24,18 @@ def add_generate_parser(commands, add_network_flags) -> None:
                     "--initial-peers (and no $BLOOMPEER_INITIAL_PEERS), a local swarm of a bootstrap peer and "
                     "two servers is started for the model and stopped afterwards.")
     generate.add_argument("prompt", help="text to continue")
-    generate.add_argument("--model", default=str(DEMO_MODEL_DIR), type=model_argument,
-                          help="local checkpoint directory or hub name (default: the bundled demo model, a small "
-                               "BLOOM trained on Jane Austen's novels)")
-    generate.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to generate (32)")
+    add_model_flag(generate)
+    generate.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N",
+                          help="tokens to generate (32)")
     sampling = generate.add_argument_group("decoding (greedy unless a sampling flag is given)")
     sampling.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    sampling.add_argument("--temperature", type=float, default=None, metavar="T", help="sample with temperature T")
-    sampling.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K likeliest tokens")
-    sampling.add_argument("--top-p", type=float, default=None, metavar="P",
+    sampling.add_argument("--temperature", type=positive_float, default=None, metavar="T",
+                          help="sample with temperature T")
+    sampling.add_argument("--top-k", type=positive_int, default=None, metavar="K",
+                          help="sample from the K likeliest tokens")
+    sampling.add_argument("--top-p", type=probability, default=None, metavar="P",
                           help="sample from the smallest set of tokens with probability >= P")
     sampling.add_argument("--seed", type=int, default=None, help="random seed, for reproducible sampling")
-    generate.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                          help="how long to wait for servers of missing blocks before giving up (60)")
-    generate.add_argument("--push", action="store_true",
-                          help="have each server pass its output straight to the next one (one trip along the chain "
-                               "per token instead of a round trip per server; pays off when servers are far apart)")
     speculative = generate.add_argument_group(
         "speculative decoding (fewer trips through the swarm per token; the same tokens as without)")
     speculative = speculative.add_mutually_exclusive_group()
@@ -47,13 +44,7 @@ def add_generate_parser(commands, add_network_flags) -> None:
                                   "them all in one pass (transformers' assisted generation)")
     speculative.add_argument("--prompt-lookup", metavar="K", type=positive_int, default=None,
                              help="propose up to K tokens by looking up the text so far (no draft model needed)")
-    trust = generate.add_argument_group("trust")
-    trust.add_argument("--verify-fraction", type=fraction, default=0.0, metavar="F",
-                       help="recompute this fraction of each span's steps on another server (or locally, with a "
-                            "local checkpoint) and ban servers whose outputs disagree (0: off; 1: every step)")
-    trust.add_argument("--trusted-servers", nargs="+", default=(), metavar="PEER_ID",
-                       help="use only these servers (peer ids, as `bloompeer status` and the servers print them)")
-    add_network_flags(generate, "/ip4/127.0.0.1/tcp/0")
+    add_client_flags(generate)
 
 
 def _sampling_kwargs(args: argparse.Namespace) -> dict:
@@ -66,61 +57,35 @@ def _sampling_kwargs(args: argparse.Namespace) -> dict:
     return {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0, **sampling}
 
 
-def run_generate(args: argparse.Namespace) -> int:
-    from ..p2p import BloompeerError
-
+def run(args: argparse.Namespace) -> int:
+    sampling = _sampling_kwargs(args)
     try:
-        sampling = _sampling_kwargs(args)
         with contextlib.ExitStack() as stack:
-            model_path = args.model
-            peers = initial_peers(args)
-            if not peers:
-                peers = _start_local_swarm(model_path, stack)
-            _generate(args, model_path, peers, sampling)
+            peers = initial_peers(args) or start_local_swarm(args.model, stack)
+            _generate(args, peers, sampling)
         return 0
     except KeyboardInterrupt:
         print(file=sys.stderr)
         logger.info("Interrupted")
         return 130
-    except (BloompeerError, ValueError, OSError) as exc:
-        logger.error("%s", exc)
-        return 1
 
 
-def _start_local_swarm(model_path: str, stack: contextlib.ExitStack) -> tuple[str, ...]:
-    from ..blocks import open_checkpoint
-    from .local_swarm import LocalSwarm, split_blocks
-
-    num_blocks = open_checkpoint(model_path).config().n_layer
-    spans = split_blocks(num_blocks, 2)
-    logger.info("No --initial-peers given: starting a local swarm (a bootstrap peer and servers for blocks %s)",
-                ", ".join(f"{start}:{end}" for start, end in spans))
-    swarm = stack.enter_context(LocalSwarm(model_path, spans))
-    return tuple(swarm.initial_peers)
-
-
-def _generate(args: argparse.Namespace, model_path: str, initial_peers: tuple[str, ...], sampling: dict) -> None:
+def _generate(args: argparse.Namespace, peers: tuple[str, ...], sampling: dict) -> None:
     import torch
     from transformers import AutoTokenizer, TextStreamer
 
-    from ..p2p import NetworkConfig
-    from .client.config import ClientConfig
     from .client.model import DistributedBloomForCausalLM, draft_overshoot
 
     if args.seed is not None:
         torch.manual_seed(args.seed)
-    network = NetworkConfig(initial_peers=initial_peers, host_maddrs=tuple(args.host_maddrs),
-                            announce_maddrs=tuple(args.announce_maddrs), identity_path=args.identity_path,
-                            client_mode=True)
-    config = ClientConfig(network=network, missing_blocks_timeout_s=args.timeout, push=args.push,
-                          verify_fraction=args.verify_fraction, trusted_servers=tuple(args.trusted_servers))
+    model_path = args.model
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     inputs = tokenizer(args.prompt, return_tensors="pt")
     max_length = inputs.input_ids.shape[1] + args.max_new_tokens
     speculation = _speculation_kwargs(args)
     if speculation:
         max_length += draft_overshoot(args.prompt_lookup)
-    with DistributedBloomForCausalLM.from_pretrained(model_path, client_config=config) as model, \
+    with DistributedBloomForCausalLM.from_pretrained(model_path, client_config=client_config(args, peers)) as model, \
             model.inference_session(max_length) as session:
         model.swarm.runtime.run(session.open(batch=1))  # the route (logged) before the text starts
         print(args.prompt, end="", flush=True)

@@ -20,7 +20,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["EXIT_WITH_PARENT_ENV", "LocalSwarm", "ProcessFailed", "PeerProcess", "split_blocks"]
+__all__ = [
+    "EXIT_WITH_PARENT_ENV", "LocalSwarm", "ProcessFailed", "PeerProcess", "split_blocks", "start_local_swarm",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -186,3 +188,15 @@ class LocalSwarm:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+
+
+def start_local_swarm(model_path: str, stack: contextlib.ExitStack, num_servers: int = 2) -> tuple[str, ...]:
+    """For a client command given no peers: a local swarm of the model, stopped when `stack` closes;
+    its initial peers."""
+    from ..blocks import open_checkpoint
+
+    spans = split_blocks(open_checkpoint(model_path).config().n_layer, num_servers)
+    logger.info("No --initial-peers given: starting a local swarm (a bootstrap peer and servers for blocks %s)",
+                ", ".join(f"{start}:{end}" for start, end in spans))
+    swarm = stack.enter_context(LocalSwarm(model_path, spans))
+    return tuple(swarm.initial_peers)

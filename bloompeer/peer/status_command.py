@@ -4,27 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from typing import TYPE_CHECKING
 
-from .default_model import DEMO_MODEL_DIR
-from .flags import model_argument, network_config
+from .flags import add_model_flag, add_network_flags, network_config
+from .swarm_status import missing_blocks, status_data
 
 if TYPE_CHECKING:
     from ..p2p import ServerRecord
 
-__all__ = ["add_status_parser", "run_status", "format_status"]
+__all__ = ["add_parser", "run", "format_status"]
 
 
-def add_status_parser(commands, add_network_flags) -> None:
+def add_parser(commands) -> None:
     status = commands.add_parser(
         "status", help="show which servers serve which blocks of a model",
         description="Read the swarm's DHT records for a model and print, for each block, the servers that announce "
                     "it (short peer id, state, throughput, cache room, direct or relayed); blocks nobody serves are "
                     "marked MISSING.")
-    status.add_argument("--model", default=str(DEMO_MODEL_DIR), type=model_argument,
-                        help="local checkpoint directory or hub name (default: the bundled demo model); only its "
-                             "config is read")
+    add_model_flag(status, "; only its config is read")
     status.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
     add_network_flags(status, "/ip4/127.0.0.1/tcp/0")
 
@@ -35,14 +32,13 @@ def _short(peer_id: str) -> str:
 
 def format_status(model_uid: str, num_blocks: int, servers: dict[int, list[ServerRecord]]) -> str:
     """A table: one row per block, its servers; then one row per server."""
-    lines = [f"{model_uid}: {num_blocks} blocks"]
+    lines, missing = [f"{model_uid}: {num_blocks} blocks"], missing_blocks(num_blocks, servers)
     for index in range(num_blocks):
         records = sorted(servers.get(index, []), key=lambda r: r.peer_id)
-        if not records:
-            lines.append(f"  block {index:>4}  MISSING")
-            continue
-        cells = [f"{_short(r.peer_id)} {r.state.value}" for r in records]
-        lines.append(f"  block {index:>4}  " + ", ".join(cells))
+        cells = ", ".join(f"{_short(r.peer_id)} {r.state.value}" for r in records)
+        if index in missing:
+            cells = f"MISSING ({cells})" if cells else "MISSING"
+        lines.append(f"  block {index:>4}  {cells}")
     by_peer = {r.peer_id: r for records in servers.values() for r in records}
     lines.append("")
     lines.append(f"  {'server':<10} {'blocks':>9} {'state':<9} {'tokens/s/block':>14} {'cache room':>11} {'reach':<8}")
@@ -53,17 +49,14 @@ def format_status(model_uid: str, num_blocks: int, servers: dict[int, list[Serve
     return "\n".join(lines)
 
 
-def run_status(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import uvloop
 
     from ..blocks import open_checkpoint
-    from ..p2p import BloompeerError, PeerNode
-    from .swarm_status import status_data
-
-    logger = logging.getLogger("bloompeer")
+    from ..p2p import PeerNode
 
     async def fetch():
-        checkpoint = open_checkpoint(model)
+        checkpoint = open_checkpoint(args.model)
         num_blocks = checkpoint.config().n_layer
         node = await PeerNode.create(network_config(args, client_mode=True))
         try:
@@ -72,12 +65,7 @@ def run_status(args: argparse.Namespace) -> int:
         finally:
             await node.shutdown()
 
-    model = args.model
-    try:
-        model_uid, num_blocks, servers = uvloop.run(fetch())
-    except (BloompeerError, ValueError, OSError) as exc:
-        logger.error("%s", exc)
-        return 1
+    model_uid, num_blocks, servers = uvloop.run(fetch())
     if args.json:
         print(json.dumps(status_data(model_uid, num_blocks, servers), indent=1))
     else:

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..p2p import ServerRecord
+from ..p2p import ServerRecord, ServerState
 
-__all__ = ["status_data"]
+__all__ = ["missing_blocks", "status_data"]
 
 
 def status_data(model_uid: str, num_blocks: int, servers: dict[int, list[ServerRecord]]) -> dict[str, Any]:
-    """{"model", "num_blocks", "missing": [block indices nobody serves], "blocks": [{"index", "servers":
-    [DHT record as on the wire]}]}, from BlockDirectory.find_servers' answer."""
+    """{"model", "num_blocks", "missing": [block indices no online server covers], "blocks": [{"index",
+    "servers": [DHT record as on the wire]}]}, from BlockDirectory.find_servers' answer."""
     blocks = [{"index": i, "servers": [record.to_wire() for record in servers.get(i, [])]} for i in range(num_blocks)]
-    missing = [i for i in range(num_blocks) if not servers.get(i)]
+    missing = missing_blocks(num_blocks, servers)
     return {"model": model_uid, "num_blocks": num_blocks, "missing": missing, "blocks": blocks}
+
+
+def missing_blocks(num_blocks: int, servers: dict[int, list[ServerRecord]]) -> list[int]:
+    """Blocks that no server announcing itself online covers (a joining, draining or offline one does not count)."""
+    return [i for i in range(num_blocks) if not any(r.state is ServerState.ONLINE for r in servers.get(i, []))]

@@ -123,8 +123,13 @@ def test_serve_refuses_blocks_beyond_the_model(swarm, tiny_checkpoint):
     (["generate", "x", "--verify-fraction", "1.5"], "--verify-fraction: 1.5 is not between 0 and 1"),
     (["status", "--model", "/missing"], "/missing is not a directory"),
     (["api", "--model", "/missing"], "/missing is not a directory"),
+    (["serve", "--blocks", "0:99"], "--blocks 0:99 is not within the model's 6 blocks (0:6)"),
+    (["serve", "--num-blocks", "7"], "--num-blocks 7 is more than the model's 6 blocks"),
+    (["serve", "--blocks", "0:2", "--max-length", "0"], "--max-length: 0 is not at least 1"),
+    (["generate", "x", "--top-p", "0"], "--top-p: 0 is not more than 0 and at most 1"),
+    (["api", "--port", "70000"], "--port: 70000 is not a port number"),
 ], ids=["serve-missing-model", "serve-not-a-checkpoint", "generate-missing-model", "verify-fraction", "status",
-        "api"])
+        "api", "blocks-beyond-model", "num-blocks-beyond-model", "max-length", "top-p", "port"])
 def test_arguments_are_checked_before_anything_starts(args, says, tmp_path):
     """A bad argument is refused in one line, before torch, hivemind or any process is started."""
     marker = uuid.uuid4().hex
@@ -189,3 +194,28 @@ def test_announce_maddrs_replace_the_listening_ones(tmp_path):
         assert bootstrap.wait_for_line("/", time.monotonic() + 60).startswith(f"/ip4/203.0.113.9/tcp/{port}/p2p/")
     finally:
         bootstrap.stop()
+
+
+UNREACHABLE_PEER = "/ip4/127.0.0.1/tcp/1/p2p/QmXZS9Q9rVs4aJ1KxsZmn7RgZRfcPT2Qm5Kc8aw7xT3d6E"
+
+
+def test_commands_report_a_network_failure_in_one_line(tmp_path):
+    """What a command raises becomes one "ERROR" line on stderr and exit code 1, no traceback (cli.main
+    does it for every command: a peer command and a client command show it)."""
+    commands = {"dht": ["dht", "--host-maddrs", "/ip4/203.0.113.1/tcp/5"],  # not an address of this machine
+                "status": ["status", "--initial-peers", UNREACHABLE_PEER]}
+    env = {k: v for k, v in os.environ.items() if k != "BLOOMPEER_INITIAL_PEERS"}
+    running = {name: subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env={**env, "BLOOMPEER_CACHE": str(tmp_path)})
+               for name, args in commands.items()}
+    try:
+        for name, process in running.items():
+            _, stderr = process.communicate(timeout=120)
+            assert process.returncode == 1, (name, stderr)
+            errors = [line for line in stderr.splitlines() if " ERROR " in line]
+            assert len(errors) == 1 and "could not start the libp2p daemon" in errors[0], (name, stderr)
+            assert "Traceback" not in stderr, (name, stderr)
+    finally:
+        for process in running.values():
+            process.kill()
+            process.communicate()

@@ -96,3 +96,9 @@ def test_no_import_circle_anywhere():
     for module in MODULES:
         if module not in state:
             visit(module)
+
+
+def test_nothing_imports_the_command_line_entry_point():
+    """cli.py assembles the commands; a command importing it back would tie them all together."""
+    importers = [module for module, targets in _import_graph().items() if "bloompeer.peer.cli" in targets]
+    assert importers == []

@@ -19,7 +19,7 @@ from .dashboard import add_dashboard_routes
 from .errors import ApiError, install_error_handlers
 from .metrics import ApiMetrics
 from .openai_schema import model_list
-from .swarm_state import fetch_swarm_state, uncovered_blocks
+from .swarm_state import fetch_swarm_state
 
 __all__ = ["ApiState", "create_app"]
 
@@ -86,7 +86,7 @@ def create_app(state: ApiState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        missing = uncovered_blocks(await fetch_swarm_state(state.model))
+        missing = (await fetch_swarm_state(state.model))["missing"]
         return model_list([(state.model_id, missing)], state.created)
 
     add_completion_routes(app, state)

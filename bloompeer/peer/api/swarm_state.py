@@ -12,10 +12,9 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from ...p2p import ServerState
 from ..swarm_status import status_data
 
-__all__ = ["fetch_swarm_state", "uncovered_blocks"]
+__all__ = ["fetch_swarm_state"]
 
 
 async def _lookup(swarm_client) -> tuple[dict, dict[str, float]]:
@@ -35,8 +34,3 @@ async def fetch_swarm_state(model) -> dict[str, Any]:
                           for peer in sorted(peers)}
     return state
 
-
-def uncovered_blocks(state: dict[str, Any]) -> list[int]:
-    """Blocks that no server announcing itself online covers."""
-    return [block["index"] for block in state["blocks"]
-            if not any(server["state"] == ServerState.ONLINE.value for server in block["servers"])]

@@ -63,7 +63,7 @@ function drawServers(state) {
 function drawSummary(state) {
   document.getElementById("model").textContent = state.model;
   const summary = document.getElementById("summary");
-  const uncovered = state.blocks.filter((b) => !b.servers.some((r) => r.state === "online")).map((b) => b.index);
+  const uncovered = state.missing;  // blocks no online server covers
   const servers = serversOf(state).length;
   if (uncovered.length) {
     summary.textContent = `${state.num_blocks} blocks, ${servers} server(s); NOT COVERED: block(s) ${uncovered.join(", ")}`;

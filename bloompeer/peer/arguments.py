@@ -1,0 +1,60 @@
+"""Argument types: each turns one flag's text into a value, or refuses it in words a user can act on.
+
+argparse calls them while parsing, so a bad value ends the command (exit 2, one line) before
+anything is imported or started. Nothing heavy is imported here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = [
+    "block_range", "fraction", "model_argument", "non_negative_float", "port", "positive_float", "positive_int",
+    "probability",
+]
+
+
+def model_argument(text: str) -> str:
+    """--model: a checkpoint directory with a config.json, or a hub name (org/model), checked without loading it."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise argparse.ArgumentTypeError(f"{text} has no config.json: not a Hugging Face checkpoint directory")
+        return text
+    if text.startswith((".", "/", "~")) or text.count("/") > 1 or not text:
+        raise argparse.ArgumentTypeError(f"{text} is not a directory (and not a hub name like org/model)")
+    return text
+
+
+def block_range(text: str) -> tuple[int, int]:
+    """--blocks A:B: blocks A..B-1."""
+    try:
+        start, end = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a block range like 0:8") from None
+    if not 0 <= start < end:
+        raise argparse.ArgumentTypeError(f"{text!r} is empty: it means blocks start..end-1, so start < end")
+    return start, end
+
+
+def _number(convert: Callable[[str], float], kind: str, accept: Callable[[float], bool], bounds: str):
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"{text} is not {bounds}")
+        return value
+
+    return parse
+
+
+fraction = _number(float, "a number", lambda value: 0.0 <= value <= 1.0, "between 0 and 1")
+positive_int = _number(int, "a whole number", lambda value: value >= 1, "at least 1")
+positive_float = _number(float, "a number", lambda value: value > 0, "more than 0")
+non_negative_float = _number(float, "a number", lambda value: value >= 0, "0 or more")
+port = _number(int, "a port number", lambda value: 0 <= value <= 65535, "a port number (0 to 65535)")
+probability = _number(float, "a number", lambda value: 0.0 < value <= 1.0, "more than 0 and at most 1")
