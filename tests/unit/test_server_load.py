@@ -14,6 +14,14 @@ from bloompeer.peer.server.sessions import SessionRegistry
 from .conftest import SPAN_CONFIG as CONFIG
 
 
+async def _until(condition, timeout_s: float = 10.0) -> None:
+    """Wait until condition() holds, looking again every few milliseconds (no fixed sleep)."""
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.002)
+    await asyncio.wait_for(poll(), timeout_s)
+
+
 async def test_budget_waits_for_room_then_refuses_with_numbers():
     budget = CacheBudget(total_bytes=100, bytes_per_token=10)
     await budget.reserve(60, timeout_s=0)
@@ -22,7 +30,7 @@ async def test_budget_waits_for_room_then_refuses_with_numbers():
         await budget.reserve(50, timeout_s=0.05)
     assert info.value.code is ErrorCode.BUSY and "asked for 5 tokens" in str(info.value) and "4 of 10" in str(info.value)
     waiting = asyncio.create_task(budget.reserve(50, timeout_s=5))
-    await asyncio.sleep(0.01)
+    await _until(lambda: budget.waiting == 1)
     assert not waiting.done()
     await budget.release(60)
     await asyncio.wait_for(waiting, 1)
@@ -56,7 +64,7 @@ async def test_registry_limits_sessions_per_peer_and_frees_on_close_and_expiry()
     assert budget.used_bytes == 200
     reaper = asyncio.create_task(registry.expire_idle())
     try:
-        await asyncio.sleep(0.5)
+        await _until(lambda: not registry.sessions)
     finally:
         reaper.cancel()
     assert expired == ["second"] and budget.used_bytes == 0 and not registry.sessions
@@ -71,8 +79,9 @@ def _session(span, batch, cached):
 
 
 async def test_concurrent_steps_run_as_one_batch_with_the_same_results(span, compute):
+    """Steps queued together (here: all before the scheduler first looks) run as one pass."""
     scheduler = Scheduler(span, compute, max_batch_tokens=64, device="cpu", dtype=torch.float32)
-    runner = asyncio.create_task(scheduler.run())
+    runner = None
     try:
         torch.manual_seed(1)
         caches = [_session(span, batch=1, cached=3 + i) for i in range(8)]
@@ -81,26 +90,16 @@ async def test_concurrent_steps_run_as_one_batch_with_the_same_results(span, com
         references = [_session(span, batch=1, cached=3 + i) for i in range(8)]
         with torch.inference_mode():
             expected = [span(s.hidden, c.begin_step(s.position, None, 1), c) for c, s in zip(references, steps)]
-        blocker = asyncio.Event()
-        await scheduler.forward(torch.randn(1, 2, CONFIG.hidden_size), None, 0, 2)  # warm up the thread
-        before = scheduler.batches_run
-        compute_busy = asyncio.create_task(_occupy(compute, blocker))  # all 8 steps queue up meanwhile
         outputs = asyncio.gather(*(scheduler.step(c, s) for c, s in zip(caches, steps)))
-        await asyncio.sleep(0.05)
-        blocker.set()
+        await _until(lambda: scheduler.queue_depth == 8)
+        runner = asyncio.create_task(scheduler.run())
         outputs = await outputs
-        await compute_busy
-        assert scheduler.batches_run - before == 1 and scheduler.requests_run >= 9
+        assert scheduler.batches_run == 1 and scheduler.requests_run == 8
         for got, want in zip(outputs, expected):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     finally:
-        runner.cancel()
-
-
-async def _occupy(compute, event):
-    """Keep the compute thread busy until `event` is set, so that work queues up meanwhile."""
-    loop = asyncio.get_running_loop()
-    await compute.run(lambda: asyncio.run_coroutine_threadsafe(event.wait(), loop).result(), rows=1)
+        if runner is not None:
+            runner.cancel()
 
 
 async def test_batches_respect_max_batch_tokens_and_inference_goes_first(span, compute, monkeypatch):
@@ -113,9 +112,7 @@ async def test_batches_respect_max_batch_tokens_and_inference_goes_first(span, c
         return original(segments, start, end)
 
     monkeypatch.setattr(span, "forward_segments", recording)
-    blocker = asyncio.Event()
-    compute_busy = asyncio.create_task(_occupy(compute, blocker))
-    runner = asyncio.create_task(scheduler.run())
+    runner = None
     try:
         order = []
 
@@ -127,14 +124,14 @@ async def test_batches_respect_max_batch_tokens_and_inference_goes_first(span, c
         jobs = [tracked("forward", scheduler.forward(torch.randn(1, 4, 32), None, 0, 2))]
         jobs += [tracked(f"step{i}", scheduler.step(c, Step(0, torch.randn(3, 1, 32)))) for i, c in enumerate(caches)]
         jobs = asyncio.gather(*jobs)
-        await asyncio.sleep(0.05)
-        blocker.set()
-        await compute_busy
+        await _until(lambda: scheduler.queue_depth == 5)  # all queued before the scheduler looks
+        runner = asyncio.create_task(scheduler.run())
         await jobs
         assert max(passes) <= 8  # 4 steps of 3 rows: never 12 in one pass
         assert order.index("forward") == len(order) - 1  # queued first, run last
     finally:
-        runner.cancel()
+        if runner is not None:
+            runner.cancel()
 
 
 async def test_a_long_prefill_runs_in_chunks_with_the_same_result(span, compute):
@@ -161,19 +158,18 @@ class _BrokenCache(SessionCache):
 
 async def test_a_failing_request_in_a_batch_fails_alone(span, compute):
     scheduler = Scheduler(span, compute, max_batch_tokens=64, device="cpu", dtype=torch.float32)
-    blocker = asyncio.Event()
-    compute_busy = asyncio.create_task(_occupy(compute, blocker))
-    runner = asyncio.create_task(scheduler.run())
+    runner = None
     try:
         good = _session(span, 1, 2)
         bad = _BrokenCache(CONFIG, 0, 2, 1, 8, torch.float32)
         results = asyncio.gather(scheduler.step(good, Step(2, torch.randn(1, 1, 32))),
                                  scheduler.step(bad, Step(0, torch.randn(1, 1, 32))), return_exceptions=True)
-        await asyncio.sleep(0.05)
-        blocker.set()
-        await compute_busy
+        await _until(lambda: scheduler.queue_depth == 2)  # both in one pass
+        runner = asyncio.create_task(scheduler.run())
         ok, error = await results
+        assert scheduler.batches_run == 1
         assert isinstance(ok, torch.Tensor) and good.length == 3
         assert isinstance(error, RuntimeError) and bad.length == 0  # rolled back
     finally:
-        runner.cancel()
+        if runner is not None:
+            runner.cancel()

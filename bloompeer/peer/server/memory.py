@@ -42,6 +42,7 @@ class CacheBudget:
         """bytes_per_token: cache bytes of one token over the server's whole span (sizes the announcements)."""
         self.total_bytes, self.bytes_per_token = total_bytes, bytes_per_token
         self.used_bytes = 0
+        self.waiting = 0  # opens waiting for room now
         self._changed = asyncio.Condition()
 
     @property
@@ -56,13 +57,18 @@ class CacheBudget:
         """Take `nbytes`, waiting up to `timeout_s` for other sessions to free them."""
         if nbytes > self.total_bytes:
             raise ProtocolError(f"too large for this server: {self._describe(nbytes)}", ErrorCode.TOO_LARGE)
+
         def fits() -> bool:
             return self.used_bytes + nbytes <= self.total_bytes
 
         async with self._changed:
             try:
                 if not fits():
-                    await asyncio.wait_for(self._changed.wait_for(fits), timeout_s)
+                    self.waiting += 1
+                    try:
+                        await asyncio.wait_for(self._changed.wait_for(fits), timeout_s)
+                    finally:
+                        self.waiting -= 1
             except asyncio.TimeoutError:
                 raise ProtocolError(f"no room after waiting {timeout_s:.1f} s: {self._describe(nbytes)}",
                                     ErrorCode.BUSY) from None
