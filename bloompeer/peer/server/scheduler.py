@@ -75,6 +75,14 @@ def _prompts_within(prompts: torch.Tensor | None, begin: int, end: int) -> torch
 
 
 class Scheduler:
+    """The only way work reaches the compute thread.
+
+    Handlers await `step`, `forward` or `backward`; the scheduler decides what runs next and with
+    what. One queue for every request lets it batch steps of different sessions (what turns many
+    light clients into throughput), put interactive decoding ahead of training traffic, and split
+    passes by `max_batch_tokens` so that no request can make the others wait for a huge pass.
+    """
+
     def __init__(self, span: BlockSpan, compute: ComputeWorker, max_batch_tokens: int, device: str,
                  dtype: torch.dtype, max_batch_sessions: int | None = None, metrics: ServerMetrics | None = None):
         """max_batch_sessions: at most this many requests share a pass (None: as many as fit in

@@ -43,6 +43,16 @@ RECORD_LIFETIME_PERIODS = 3
 
 
 class Server:
+    """One volunteer's contribution: a contiguous span of blocks, served to whoever asks, for as long
+    as the process runs.
+
+    It owns everything with the server's lifetime (network peer, compute thread, cache budget,
+    scheduler, DHT announcer) so that shutdown can release them in one defined order: stop the
+    background tasks, say goodbye on the DHT while the daemon still lives, then close the network
+    and the compute thread. Handlers get the parts they need, never the Server, so the
+    request path has no way to reach into the lifecycle.
+    """
+
     def __init__(self, config: ServerConfig, checkpoint: Checkpoint, node: PeerNode, compute: ComputeWorker):
         self.config, self.checkpoint, self.node, self.compute = config, checkpoint, node, compute
         self.model_uid = checkpoint.model_uid
