@@ -20,6 +20,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import BloompeerError
+
 __all__ = [
     "EXIT_WITH_PARENT_ENV", "LocalSwarm", "ProcessFailed", "PeerProcess", "split_blocks", "start_local_swarm",
 ]
@@ -31,8 +33,8 @@ BLOOMPEER_COMMAND = (sys.executable, "-m", "bloompeer")
 EXIT_WITH_PARENT_ENV = "BLOOMPEER_EXIT_WITH_PARENT"  # the child's cli.main arranges a SIGTERM when we die
 
 
-class ProcessFailed(RuntimeError):
-    """A peer process exited or stayed silent before it was ready."""
+class ProcessFailed(BloompeerError, RuntimeError):
+    """A peer process exited or stayed silent before it was ready; the message ends with its log's tail."""
 
 
 def split_blocks(num_blocks: int, num_servers: int) -> list[tuple[int, int]]:
