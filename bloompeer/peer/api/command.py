@@ -86,8 +86,8 @@ def _build_app(args: argparse.Namespace, network, stack: contextlib.ExitStack):
     config = ClientConfig(network=network, missing_blocks_timeout_s=args.timeout)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = stack.enter_context(DistributedBloomForCausalLM.from_pretrained(args.model, client_config=config))
-    model.swarm.runtime.run(model.swarm.swarm.refresh())
-    state = ApiState(model, tokenizer, model.swarm.swarm.model_uid, aliases=frozenset({args.model}),
+    model.client.runtime.run(model.client.swarm.refresh())
+    state = ApiState(model, tokenizer, model.client.swarm.model_uid, aliases=frozenset({args.model}),
                      max_concurrent_generations=args.max_concurrent)
     stack.callback(state.shutdown)
     return create_app(state)

@@ -70,7 +70,7 @@ class DistributedBloomModel(BloomPreTrainedModel):
             self.prompt_embeddings = nn.Embedding(pre_seq_len, config.hidden_size)
         if tuning_mode == "deep_ptune":
             self.intermediate_prompt_embeddings = nn.Embedding(pre_seq_len, config.n_layer * config.hidden_size)
-        self.swarm: SwarmClient | None = None
+        self.client: SwarmClient | None = None  # set by from_pretrained: the connection to the swarm
         self.calls = CallsInThisThread()
         self.post_init()
 
@@ -120,7 +120,7 @@ class DistributedBloomModel(BloomPreTrainedModel):
         else:
             inputs_embeds, attention_mask, deep_prompts = self._with_prompts(inputs_embeds, attention_mask)
             hidden = self.word_embeddings_layernorm(inputs_embeds)
-            hidden = self.swarm.forward(hidden, _wire_padding_mask(attention_mask, hidden.shape[1]), deep_prompts)
+            hidden = self.client.forward(hidden, _wire_padding_mask(attention_mask, hidden.shape[1]), deep_prompts)
             hidden = hidden[:, self.pre_seq_len:]
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=self.ln_f(hidden), cache=cache)
 
@@ -134,7 +134,7 @@ class DistributedBloomModel(BloomPreTrainedModel):
         hidden = self.word_embeddings_layernorm(inputs_embeds)  # [batch, new (+ prompts), hidden]
         hypo_ids = cache.take_hypo_ids() if cache is not None else None
         padding_mask = _wire_padding_mask(attention_mask, hidden.shape[1])
-        hidden = self.swarm.step(session, hidden, padding_mask, hypo_ids, deep_prompts)
+        hidden = self.client.runtime.run(session.step(hidden, padding_mask, hypo_ids, deep_prompts))
         return hidden[:, -num_new:]
 
 
@@ -178,7 +178,7 @@ class DistributedModelMixin:
         model.tie_to_embeddings()
         if checkpoint.has_file("generation_config.json"):
             model.generation_config = GenerationConfig.from_pretrained(checkpoint.file("generation_config.json").parent)
-        model.transformer.swarm = SwarmClient.connect(checkpoint, dtype, client_config)
+        model.transformer.client = SwarmClient.connect(checkpoint, dtype, client_config)
         model.transformer.requires_grad_(False)  # the model's own weights are not trained ...
         for trainable in model.trainable_modules():  # ... only prompts and heads
             trainable.requires_grad_(True)
@@ -193,13 +193,14 @@ class DistributedModelMixin:
                 if hasattr(transformer, name)]
 
     @property
-    def swarm(self) -> SwarmClient:
-        return self.transformer.swarm
+    def client(self) -> SwarmClient:
+        """The connection to the swarm (network peer, event loop, swarm view) this model's blocks run on."""
+        return self.transformer.client
 
     def shutdown(self) -> None:
         """Leave the swarm: close the network peer and its event loop thread. Idempotent."""
-        if self.swarm is not None:
-            self.swarm.shutdown()
+        if self.client is not None:
+            self.client.shutdown()
 
     def __enter__(self):
         return self

@@ -70,10 +70,6 @@ class SwarmClient:
         """A session whose servers are chosen, and caches reserved, at its first step."""
         return InferenceSession(self.node.p2p, self.swarm, self.config, max_length, self.verifier)
 
-    def step(self, session: InferenceSession, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None,
-             hypo_ids: torch.Tensor | None = None, prompts: torch.Tensor | None = None) -> torch.Tensor:
-        return self.runtime.run(session.step(hidden, padding_mask, hypo_ids, prompts))
-
     def close_session(self, session: InferenceSession) -> None:
         self.runtime.run(session.close())
 
