@@ -62,7 +62,12 @@ async def on_a_route(swarm: SwarmView, start: int, end: int, attempt: Callable[[
         timeout_s = wait_s if deadline is None else deadline - time.monotonic()
         if timeout_s <= 0:
             raise MissingBlocksError(swarm.model_uid, list(range(start, end)), recovery_s, str(error))
-        route = await swarm.route(start, end, min_cache_tokens, timeout_s, poll_period_s, request, refusals)
+        try:
+            route = await swarm.route(start, end, min_cache_tokens, timeout_s, poll_period_s, request, refusals)
+        except MissingBlocksError as exc:
+            if error is None:
+                raise
+            raise MissingBlocksError(swarm.model_uid, exc.missing, recovery_s, str(error)) from None
         try:
             return await attempt(route)
         except RemoteError as exc:
