@@ -56,7 +56,13 @@ class CallsInThisThread(threading.local):
 
 
 class DistributedBloomModel(BloomPreTrainedModel):
-    """BloomModel with remote blocks: embeddings (+ prompts) -> swarm -> final layernorm."""
+    """BloomModel with remote blocks: embeddings (+ prompts) -> swarm -> final layernorm.
+
+    It is a transformers model so that everything built on BloomModel (generate, heads, PEFT-style
+    prompt tuning, the Trainer) works unchanged; only the blocks are swapped for the swarm. With a
+    session (generate's cache, or model.inference_session()) a forward is one decode step of that
+    session; without one it is a full, differentiable forward that keeps nothing on the servers.
+    """
 
     def __init__(self, config: BloomConfig, tuning_mode: str | None = None, pre_seq_len: int = 0):
         super().__init__(config)
@@ -139,7 +145,12 @@ class DistributedBloomModel(BloomPreTrainedModel):
 
 
 class DistributedModelMixin:
-    """from_pretrained, the swarm connection and its lifetime, for the distributed model classes."""
+    """from_pretrained, the swarm connection and its lifetime, for the distributed model classes.
+
+    A mixin rather than a base class, because each model class must also be the matching
+    transformers class (BloomPreTrainedModel with its own head) for generate and the Trainer to
+    treat it as one.
+    """
 
     transformer: DistributedBloomModel
 

@@ -120,9 +120,9 @@ class InferenceSession:
             await self.open(hidden.shape[0])
         elif hidden.shape[0] != self.batch:
             raise RequestError(f"the session was opened for batch {self.batch}, got {hidden.shape[0]} rows")
-        step = _SpanInput(self.position, hidden, padding_mask, hypo_ids, prompts)
+        given = _SpanInput(self.position, hidden, padding_mask, hypo_ids, prompts)  # to the next span
         push = self.config.push and len(self._spans) > 1 and prompts is None
-        pushed = await self._push_along(step) if push else []
+        pushed = await self._push_along(given) if push else []
         index = 0
         while index < len(self._spans):
             span = self._spans[index]
@@ -132,20 +132,20 @@ class InferenceSession:
                     if isinstance(output, BaseException):
                         raise output
                 else:
-                    output = await span.session.step(step.message(next(self._step_ids), span.route))
+                    output = await span.session.step(given.message(next(self._step_ids), span.route))
             except RemoteError as exc:
                 await span.session.close()
                 self._spans[index:index + 1], pushed = await self._build(
                     span.route.start, span.route.end, span.inputs, self.config.recovery_timeout_s, exc), []
                 continue  # the same step, on the new spans, one by one
-            if self.verifier is not None and self.verifier.sampled() and await self._found_lying(span, step, output):
+            if self.verifier is not None and self.verifier.sampled() and await self._found_lying(span, given, output):
                 self._spans[index:index + 1], pushed = await self._build_after_lie(span), []
                 continue  # downstream answers came from the lie: redo them too
-            span.inputs.append(step)
-            step = step.with_hidden(output)
+            span.inputs.append(given)
+            given = given.with_hidden(output)
             index += 1
         self.position += num_new
-        return step.hidden
+        return given.hidden
 
     async def open(self, batch: int) -> None:
         """Choose the route and reserve the servers' caches now (the first step does it otherwise)."""
@@ -225,9 +225,9 @@ class InferenceSession:
                     ", ".join(f"{s.route.peer_id_str[-8:]}[{s.route.start}:{s.route.end}]" for s in spans))
         for span in spans:
             outputs = []
-            for step in inputs:
-                message = step.message(next(self._step_ids), span.route)
-                outputs.append(step.with_hidden(await span.session.step(message)))
+            for given in inputs:
+                message = given.message(next(self._step_ids), span.route)
+                outputs.append(given.with_hidden(await span.session.step(message)))
             span.inputs, inputs = list(inputs), outputs
 
     def rewind(self, position: int) -> None:
@@ -236,7 +236,7 @@ class InferenceSession:
             raise RequestError(f"cannot rewind to {position}: {self.position} tokens are cached")
         self.position = position
         for span in self._spans:
-            span.inputs = [kept for step in span.inputs if (kept := step.truncated(position)) is not None]
+            span.inputs = [kept for given in span.inputs if (kept := given.truncated(position)) is not None]
 
     async def close(self) -> None:
         if self._closed:

@@ -31,7 +31,14 @@ def draft_overshoot(prompt_lookup_num_tokens: int | None) -> int:
 
 
 class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, GenerationMixin):
-    """A BLOOM causal LM whose blocks are served by the swarm. Use as a context manager, or call shutdown()."""
+    """A BLOOM causal LM whose blocks are served by the swarm. Use as a context manager, or call shutdown().
+
+    It keeps transformers' generate() rather than a loop of its own, so every decoding strategy
+    (sampling, beams, assisted and speculative decoding, logits processors, stopping criteria)
+    works as on a local model and is tested against it token for token. What it adds is where the
+    cache lives: a session on the servers, opened per generate() (or kept across calls with
+    inference_session()) and always closed, freeing the servers' memory, when the call returns.
+    """
 
     def __init__(self, config: BloomConfig, tuning_mode: str | None = None, pre_seq_len: int = 0):
         super().__init__(config)
