@@ -9,7 +9,7 @@ peer and ONE server holding every block of the model on 127.0.0.1 (batching off 
   - how many requests shared a pass on average (from the server's /metrics, `--metrics-port`).
 Two kinds of client drive the sessions:
   - light: one client process, N threads, each with its own inference session through the
-    session API (`SwarmClient.open_session` / `step`), sending random hidden states: nothing but
+    session API (`SwarmClient.open_session`, `InferenceSession.step`), sending random hidden states: nothing but
     the swarm's own work competes with the server for the cores (no embeddings, no LM head);
   - generate: N threads calling `generate` (greedy) on ONE DistributedBloomForCausalLM, the way a
     program serving many users calls the Python API (the LM head runs in the client process).
@@ -147,14 +147,14 @@ def light_clients(swarm_client: SwarmClient, hidden_size: int, sessions: int, st
         generator = torch.Generator().manual_seed(index)
         session = swarm_client.open_session(max_length=PROMPT_TOKENS + steps)
         try:
-            swarm_client.step(session, torch.randn(1, PROMPT_TOKENS, hidden_size, generator=generator))
+            swarm_client.runtime.run(session.step(torch.randn(1, PROMPT_TOKENS, hidden_size, generator=generator)))
             tokens = [torch.randn(1, 1, hidden_size, generator=generator) for _ in range(steps)]
             barrier.wait()
             starts.append(time.perf_counter())
             times = []
             for hidden in tokens:
                 begin = time.perf_counter()
-                swarm_client.step(session, hidden)
+                swarm_client.runtime.run(session.step(hidden))
                 times.append(time.perf_counter() - begin)
             return times
         finally:

@@ -1,26 +1,45 @@
 """The root of bloompeer's error tree. It imports nothing of bloompeer, so every module can extend it.
 
-    BloompeerError                      every error bloompeer raises on purpose
-    ├── CheckpointError      blocks/    not a checkpoint we can read (path, config, shards)
-    ├── IdentityError        p2p/       an identity key file we cannot use
-    ├── NetworkError         p2p/       the peer could not join the network
-    ├── ProtocolError        p2p/       a peer sent something we refuse (bad frame, bad field, too large)
-    ├── RemoteError          p2p/       a peer answered with an error frame; `.code` says which kind
-    │   ├── PeerBusyError                   busy: no room now; try elsewhere or later
-    │   ├── PeerRefusedError                too_large: over this peer's limits; avoid it for this request only
-    │   └── PeerUnavailableError            not_serving / timeout / lost stream: re-route and replay
-    ├── MissingBlocksError   client/    no usable server covers some blocks, even after waiting
-    └── RequestTooLargeError client/    over every server's limits: the request can never succeed as asked
+The class of an error says what its caller should do: give up at once (the request is wrong),
+try another server (this one cannot serve it now), or stop trusting the server (it broke the
+rules). Everything else is an end state the user reads.
 
-What a caller does follows the class: a RequestTooLargeError (or a ValueError for bad arguments)
-goes straight back to the user, and no server is blamed; PeerBusyError and PeerUnavailableError
-mean "this server, not now": the client bans it for a while and routes around it; a RemoteError
-with a protocol code (bad_request, internal) or a caught lie also bans the server. The mapping from
-an error frame's code to its class is `p2p.errors.remote_error`, the only place that decides it.
+    BloompeerError                        every error bloompeer raises on purpose
+    ├── RequestError                      (a) the request can never succeed as asked: raised at once to the
+    │   │                                     caller, naming what to change; no server is blamed
+    │   ├── RequestTooLargeError  client/     over the limits of every server of some block (the limit, the
+    │   │                                     value asked and the `serve` flag that raises it)
+    │   ├── CheckpointError       blocks/     not a checkpoint we can read (path, config, shards)
+    │   └── IdentityError         p2p/        an identity key file we cannot use
+    ├── RemoteError               p2p/    one server failed one request; `.peer` names it, `.code` says how
+    │   ├── PeerUnavailableError          (b) this server cannot take it now or failed (not_serving, timeout,
+    │   │   │                                 internal, lost stream): route around it and replay
+    │   │   ├── PeerBusyError                 busy: no room now; banned briefly, tried again later
+    │   │   └── PeerRefusedError              too_large / unsupported: over this server's limits; avoided for
+    │   │                                     this request only, never banned
+    │   └── PeerMisbehavedError           (c) this server broke the protocol (bad_request for a valid request,
+    │                                         an invalid or ill-shaped reply) or was caught lying: ban it
+    ├── ProtocolError             p2p/    we refuse what a peer sent (bad frame, bad field, over a limit):
+    │                                     `.code` is the error frame we answer with; the client's stream
+    │                                     layer turns one in a server's reply into a PeerMisbehavedError
+    ├── MissingBlocksError        client/ no usable server for some blocks, even after waiting: start one
+    └── NetworkError              p2p/    this peer could not join the network
+
+A caller branches on the class, never on text: the one route/retry loop of the client
+(`peer/client/retry.py`) lets RequestError through, re-routes on PeerUnavailableError (banning the
+server for a while, or for a PeerRefusedError avoiding it for this request only), and bans on
+PeerMisbehavedError. The stable codes of error frames and their mapping to these classes live in
+one place, `p2p/errors.py` (`ErrorCode`, `remote_error`).
 """
 
-__all__ = ["BloompeerError"]
+__all__ = ["BloompeerError", "RequestError"]
 
 
 class BloompeerError(Exception):
     """Base of every error bloompeer raises on purpose; the CLI prints these as one line, no traceback."""
+
+
+class RequestError(BloompeerError, ValueError):
+    """The request can never succeed as asked: the caller's arguments (or the servers' settings) must
+    change. Raised at once, before or instead of trying servers; no server is blamed for it. A
+    ValueError too, for callers that treat bad arguments alike."""

@@ -20,7 +20,7 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 from transformers import BloomConfig
 
-from ..errors import BloompeerError
+from ..errors import RequestError
 
 __all__ = ["Checkpoint", "CheckpointError", "open_checkpoint", "block_prefix", "CLIENT_TENSOR_PREFIXES"]
 
@@ -35,7 +35,7 @@ MODEL_PREFIX = "transformer."
 CLIENT_TENSOR_PREFIXES = ("word_embeddings.", "word_embeddings_layernorm.", "ln_f.", "lm_head.")
 
 
-class CheckpointError(BloompeerError, ValueError):
+class CheckpointError(RequestError):
     """The checkpoint is missing, incomplete or not a BLOOM model."""
 
 

@@ -15,12 +15,12 @@ from hivemind.p2p import PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
-from .errors import BloompeerError
+from .errors import RequestError
 
 __all__ = ["IdentityError", "load_rsa_identity", "peer_id_of"]
 
 
-class IdentityError(BloompeerError):
+class IdentityError(RequestError):
     """The identity file is not an RSA libp2p private key."""
 
 

@@ -13,12 +13,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hivemind.p2p import P2P, P2PDaemonError, PeerID
+from hivemind.p2p import P2P
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
-from .errors import ProtocolError
+from .errors import ProtocolError, RemoteError
 from .framing import read_frame, write_frame
 from .messages import MAX_STRING_CHARS, PROTOCOL_VERSION, ErrorFrame, Fields, Message, decode_message
+from .streams import PeerStream
 
 __all__ = ["DIALBACK_PROTOCOL", "DialbackRequest", "DialbackResult", "serve_dialback", "reachable_maddrs"]
 
@@ -112,18 +113,14 @@ async def reachable_maddrs(p2p: P2P, helpers: list[str], maddrs: list[str]) -> t
     """(the maddrs a helper could dial, the helper's peer id); ([], None) if no helper answered."""
     for helper in helpers:
         try:
-            _, reader, writer = await asyncio.wait_for(
-                p2p.call_binary_stream_handler(PeerID.from_base58(helper), DIALBACK_PROTOCOL), DIAL_TIMEOUT_S)
+            stream = await PeerStream.open(p2p, helper, DIALBACK_PROTOCOL, DIAL_TIMEOUT_S, "reachability check")
             try:
-                await write_frame(writer, DialbackRequest(tuple(maddrs[:MAX_DIALBACK_ADDRS])).to_wire())
-                reply = decode_message(await asyncio.wait_for(read_frame(reader), 4 * DIAL_TIMEOUT_S),
-                                       DialbackResult, ErrorFrame)
+                request = DialbackRequest(tuple(maddrs[:MAX_DIALBACK_ADDRS]))
+                reply = await stream.request(request, DialbackResult, extra_wait_s=3 * DIAL_TIMEOUT_S)
             finally:
-                writer.close()
-        except (P2PDaemonError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError,
-                ProtocolError, ValueError) as exc:
-            logger.debug("Reachability check through %s failed: %r", helper, exc)
+                await stream.close()
+        except RemoteError as exc:
+            logger.debug("Reachability check through %s failed: %s", helper, exc)
             continue
-        if isinstance(reply, DialbackResult):
-            return list(reply.reachable), helper
+        return list(reply.reachable), helper
     return [], None

@@ -87,7 +87,7 @@ def _generate(args: argparse.Namespace, peers: tuple[str, ...], sampling: dict) 
         max_length += draft_overshoot(args.prompt_lookup)
     with DistributedBloomForCausalLM.from_pretrained(model_path, client_config=client_config(args, peers)) as model, \
             model.inference_session(max_length) as session:
-        model.swarm.runtime.run(session.open(batch=1))  # the route (logged) before the text starts
+        model.client.runtime.run(session.open(batch=1))  # the route (logged) before the text starts
         print(args.prompt, end="", flush=True)
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
         with torch.inference_mode():

@@ -43,7 +43,7 @@ def test_sixteen_threads_generating_on_one_model(start_servers, fresh_model, swa
         with caplog.at_level(logging.WARNING, logger="bloompeer"):
             together = _all_at_once(THREADS, lambda i: model.generate(
                 prompts[i], max_new_tokens=NEW_TOKENS, do_sample=False).tolist())
-        assert model.swarm.swarm.bans.banned() == set()
+        assert model.client.swarm.bans.banned() == set()
     assert alone == expected
     assert together == expected
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

@@ -87,7 +87,7 @@ def test_concurrent_sessions_give_the_results_they_give_alone(model, reference_m
 
     prompt_hidden = [embed(p) for p in prompts]
     continuation_hidden = [embed(c) for c in continuations]
-    sessions = [model.swarm.open_session(max_length=32) for _ in prompts]
+    sessions = [model.client.open_session(max_length=32) for _ in prompts]
 
     async def run_all():
         outputs = await asyncio.gather(*(s.step(h) for s, h in zip(sessions, prompt_hidden)))
@@ -100,7 +100,7 @@ def test_concurrent_sessions_give_the_results_they_give_alone(model, reference_m
             await session.close()
         return [torch.cat(o, dim=1) for o in outputs]
 
-    for hidden, prompt, continuation in zip(model.swarm.runtime.run(run_all()), prompts, continuations):
+    for hidden, prompt, continuation in zip(model.client.runtime.run(run_all()), prompts, continuations):
         logits = model.lm_head(model.transformer.ln_f(hidden))
         expected = reference_model(torch.cat([prompt, continuation], dim=1)).logits
         torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4)

@@ -33,9 +33,9 @@ def test_a_request_over_every_servers_limit_fails_at_once_and_the_next_one_works
         message = str(raised.value)
         assert "tokens per session (prompt and new tokens) 205 is over the limit of every server of block 0" in message
         assert "largest on offer is 64" in message and "--max-length" in message
-        assert model.swarm.swarm.bans.banned() == set()
+        assert model.client.swarm.bans.banned() == set()
         ours = model.generate(PROMPT, max_new_tokens=20, do_sample=False)  # fits: served at once, same servers
-        assert model.swarm.swarm.bans.banned() == set()
+        assert model.client.swarm.bans.banned() == set()
     assert ours.tolist() == reference_model.generate(PROMPT, max_new_tokens=20, do_sample=False).tolist()
 
 

@@ -239,7 +239,7 @@ def test_training_survives_a_server_killed_during_backward(training_swarm, steer
 
     def kill_during_backward(model, step, logits):
         if step == 3:
-            route = model.transformer.swarm.swarm.servers  # the view; the route of this forward is the fastest
+            route = model.transformer.client.swarm.servers  # the view; the route of this forward is the fastest
             victim = next(s for s in training_swarm.servers if s.blocks == (0, 4))
             assert any(r.peer_id == victim.peer_id_str for r in route[0])
             logits.register_hook(lambda grad: (killed.append(victim), victim.signal(signal.SIGKILL), grad)[-1])

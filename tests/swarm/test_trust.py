@@ -33,7 +33,7 @@ def test_a_lying_server_is_caught_by_a_second_server_and_routed_around(swarm, fr
     start_servers([(0, 4), (0, 4)], *SLOW)
     with caplog.at_level(logging.WARNING), swarm_client(swarm, fresh_model, verify_fraction=1.0) as model:
         tokens = _generate(model)
-        assert liar.peer_id_str in model.swarm.swarm.bans.banned()
+        assert liar.peer_id_str in model.client.swarm.bans.banned()
     assert tokens.tolist() == _expected(reference_model).tolist()
     assert any(liar.peer_id_str in r.message and "relative error" in r.message for r in caplog.records)
 
@@ -47,7 +47,7 @@ def test_a_lie_is_caught_in_a_session_with_deep_prompts(swarm, fresh_model, star
         with torch.no_grad():
             model.transformer.intermediate_prompt_embeddings.weight.normal_(std=0.5)
         tokens = _generate(model)
-        banned = model.swarm.swarm.bans.banned()
+        banned = model.client.swarm.bans.banned()
         assert liar.peer_id_str in banned and not any(server.peer_id_str in banned for server in honest)
         assert _generate(model).tolist() == tokens.tolist()  # again, with the liar banned from the start
 
@@ -68,7 +68,7 @@ def test_the_client_checks_a_lone_server_against_its_own_copy_of_the_blocks(swar
     start_servers([(0, 1), (1, 2), (2, 4)], *SLOW)
     with swarm_client(swarm, fresh_model, verify_fraction=1.0) as model:
         tokens = _generate(model)
-        assert liar.peer_id_str in model.swarm.swarm.bans.banned()
+        assert liar.peer_id_str in model.client.swarm.bans.banned()
     assert tokens.tolist() == _expected(reference_model).tolist()
 
 

@@ -102,3 +102,20 @@ def test_nothing_imports_the_command_line_entry_point():
     """cli.py assembles the commands; a command importing it back would tie them all together."""
     importers = [module for module, targets in _import_graph().items() if "bloompeer.peer.cli" in targets]
     assert importers == []
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("bloompeer.peer.")])
+def test_peer_does_not_speak_to_hivemind_streams(module):
+    """Streams, their timeouts and their failures are p2p/'s business (p2p/streams.py): peer/ never
+    imports hivemind's networking, it uses the names bloompeer.p2p exports."""
+    bad = {name for name in _imports(module) if name.startswith(("hivemind.p2p", "hivemind.dht"))}
+    assert not bad, f"{module} imports {bad}"
+
+
+def test_peer_opens_no_stream_itself():
+    """Every stream a server or client of peer/ opens, and every handler it registers, goes through
+    p2p/streams.py (which bounds its waits and translates its failures)."""
+    calls = ("call_binary_stream_handler", "add_binary_stream_handler", "remove_binary_stream_handler")
+    openers = sorted(str(path.relative_to(PACKAGE_DIR)) for path in (PACKAGE_DIR / "peer").rglob("*.py")
+                     if any(call in path.read_text() for call in calls))
+    assert openers == []

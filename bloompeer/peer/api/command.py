@@ -67,9 +67,10 @@ def _build_app(args: argparse.Namespace, peers: tuple[str, ...], stack: contextl
     from .app import ApiState, create_app
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = stack.enter_context(DistributedBloomForCausalLM.from_pretrained(args.model, client_config=client_config(args, peers)))
-    model.swarm.runtime.run(model.swarm.swarm.refresh())
-    state = ApiState(model, tokenizer, model.swarm.swarm.model_uid, aliases=frozenset({args.model}),
+    model = stack.enter_context(DistributedBloomForCausalLM.from_pretrained(args.model,
+                                                                             client_config=client_config(args, peers)))
+    model.client.runtime.run(model.client.swarm.refresh())
+    state = ApiState(model, tokenizer, model.client.swarm.model_uid, aliases=frozenset({args.model}),
                      max_concurrent_generations=args.max_concurrent)
     stack.callback(state.shutdown)
     return create_app(state)

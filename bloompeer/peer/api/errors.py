@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from ...p2p import BloompeerError, PeerBusyError, RemoteError
-from ..client.errors import MissingBlocksError
+from ..client.errors import MissingBlocksError, RequestTooLargeError
 from .openai_schema import error_body
 
 __all__ = ["ApiError", "api_error_from", "install_error_handlers"]
@@ -50,7 +50,7 @@ def api_error_from(exc: BaseException) -> ApiError:
         return ApiError(503, str(exc), "service_unavailable", code="missing_blocks", missing_blocks=exc.missing)
     if isinstance(exc, PeerBusyError):
         return ApiError(503, f"the swarm is busy, retry later: {exc}", "service_unavailable", code="servers_busy")
-    if isinstance(exc, ValueError) and isinstance(exc, BloompeerError):  # the client's RequestTooLargeError
+    if isinstance(exc, RequestTooLargeError):
         return ApiError(400, str(exc), param="max_tokens", code="over_swarm_limits")
     if isinstance(exc, ValueError):
         return ApiError.invalid(str(exc))

@@ -25,7 +25,7 @@ async def _lookup(swarm_client) -> tuple[dict, dict[str, float]]:
 
 async def fetch_swarm_state(model) -> dict[str, Any]:
     """status_data(...) plus "latency_s": {peer id: seconds or None (not measured, or no answer)}."""
-    swarm_client = model.swarm
+    swarm_client = model.client
     servers, rtts_s = await run_in_threadpool(swarm_client.runtime.run, _lookup(swarm_client))
     view = swarm_client.swarm
     state = status_data(view.model_uid, view.num_blocks, servers)

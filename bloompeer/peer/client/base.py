@@ -56,7 +56,13 @@ class CallsInThisThread(threading.local):
 
 
 class DistributedBloomModel(BloomPreTrainedModel):
-    """BloomModel with remote blocks: embeddings (+ prompts) -> swarm -> final layernorm."""
+    """BloomModel with remote blocks: embeddings (+ prompts) -> swarm -> final layernorm.
+
+    It is a transformers model so that everything built on BloomModel (generate, heads, PEFT-style
+    prompt tuning, the Trainer) works unchanged; only the blocks are swapped for the swarm. With a
+    session (generate's cache, or model.inference_session()) a forward is one decode step of that
+    session; without one it is a full, differentiable forward that keeps nothing on the servers.
+    """
 
     def __init__(self, config: BloomConfig, tuning_mode: str | None = None, pre_seq_len: int = 0):
         super().__init__(config)
@@ -70,7 +76,7 @@ class DistributedBloomModel(BloomPreTrainedModel):
             self.prompt_embeddings = nn.Embedding(pre_seq_len, config.hidden_size)
         if tuning_mode == "deep_ptune":
             self.intermediate_prompt_embeddings = nn.Embedding(pre_seq_len, config.n_layer * config.hidden_size)
-        self.swarm: SwarmClient | None = None
+        self.client: SwarmClient | None = None  # set by from_pretrained: the connection to the swarm
         self.calls = CallsInThisThread()
         self.post_init()
 
@@ -120,7 +126,7 @@ class DistributedBloomModel(BloomPreTrainedModel):
         else:
             inputs_embeds, attention_mask, deep_prompts = self._with_prompts(inputs_embeds, attention_mask)
             hidden = self.word_embeddings_layernorm(inputs_embeds)
-            hidden = self.swarm.forward(hidden, _wire_padding_mask(attention_mask, hidden.shape[1]), deep_prompts)
+            hidden = self.client.forward(hidden, _wire_padding_mask(attention_mask, hidden.shape[1]), deep_prompts)
             hidden = hidden[:, self.pre_seq_len:]
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=self.ln_f(hidden), cache=cache)
 
@@ -134,12 +140,17 @@ class DistributedBloomModel(BloomPreTrainedModel):
         hidden = self.word_embeddings_layernorm(inputs_embeds)  # [batch, new (+ prompts), hidden]
         hypo_ids = cache.take_hypo_ids() if cache is not None else None
         padding_mask = _wire_padding_mask(attention_mask, hidden.shape[1])
-        hidden = self.swarm.step(session, hidden, padding_mask, hypo_ids, deep_prompts)
+        hidden = self.client.runtime.run(session.step(hidden, padding_mask, hypo_ids, deep_prompts))
         return hidden[:, -num_new:]
 
 
 class DistributedModelMixin:
-    """from_pretrained, the swarm connection and its lifetime, for the distributed model classes."""
+    """from_pretrained, the swarm connection and its lifetime, for the distributed model classes.
+
+    A mixin rather than a base class, because each model class must also be the matching
+    transformers class (BloomPreTrainedModel with its own head) for generate and the Trainer to
+    treat it as one.
+    """
 
     transformer: DistributedBloomModel
 
@@ -178,7 +189,7 @@ class DistributedModelMixin:
         model.tie_to_embeddings()
         if checkpoint.has_file("generation_config.json"):
             model.generation_config = GenerationConfig.from_pretrained(checkpoint.file("generation_config.json").parent)
-        model.transformer.swarm = SwarmClient.connect(checkpoint, dtype, client_config)
+        model.transformer.client = SwarmClient.connect(checkpoint, dtype, client_config)
         model.transformer.requires_grad_(False)  # the model's own weights are not trained ...
         for trainable in model.trainable_modules():  # ... only prompts and heads
             trainable.requires_grad_(True)
@@ -193,13 +204,14 @@ class DistributedModelMixin:
                 if hasattr(transformer, name)]
 
     @property
-    def swarm(self) -> SwarmClient:
-        return self.transformer.swarm
+    def client(self) -> SwarmClient:
+        """The connection to the swarm (network peer, event loop, swarm view) this model's blocks run on."""
+        return self.transformer.client
 
     def shutdown(self) -> None:
         """Leave the swarm: close the network peer and its event loop thread. Idempotent."""
-        if self.swarm is not None:
-            self.swarm.shutdown()
+        if self.client is not None:
+            self.client.shutdown()
 
     def __enter__(self):
         return self

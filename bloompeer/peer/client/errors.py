@@ -1,13 +1,14 @@
-"""Client-side errors, extending the tree in `bloompeer.p2p.errors`:
+"""Client-side errors, in the tree drawn in `bloompeer/errors.py`:
 
     BloompeerError
-    ├── MissingBlocksError   no server covers some blocks, even after waiting
-    └── RequestTooLargeError the request is over every server's limits: it can never succeed as asked
+    ├── RequestError
+    │   └── RequestTooLargeError over the limits of every server of some block: it can never succeed as asked
+    └── MissingBlocksError       no usable server covers some blocks, even after waiting
 """
 
 from __future__ import annotations
 
-from ...p2p import BloompeerError
+from ...p2p import BloompeerError, RequestError
 
 __all__ = ["MissingBlocksError", "RequestTooLargeError", "block_ranges"]
 
@@ -26,11 +27,11 @@ class MissingBlocksError(BloompeerError):
         )
 
 
-class RequestTooLargeError(BloompeerError, ValueError):
+class RequestTooLargeError(RequestError):
     """No server in the swarm takes a request this large; asking again, or elsewhere, cannot help.
 
-    Raised at once, before anything is sent, and no server is banned for it. A ValueError too:
-    it is the caller's arguments that must change (or the servers' limits).
+    Raised at once, and no server is banned for it: it is the caller's arguments that must change
+    (or the servers' limits). `reason` names the limit, the value asked and the flag that sets it.
     """
 
     def __init__(self, model_uid: str, reason: str):

@@ -1,7 +1,9 @@
 """What the client has learned about servers by using them: round-trip times, and bans.
 
 A server that failed a request is banned for a while, longer each time it fails again, so a
-flaky or dying server is tried less and less, but a restarted one is used again eventually.
+flaky or dying server is tried less and less, but a restarted one is used again eventually. A
+server that broke the protocol or lied is banned for an hour at once: a second chance would
+cost the user a wrong or failed answer again.
 """
 
 from __future__ import annotations
@@ -11,16 +13,20 @@ import logging
 import statistics
 import time
 
-from hivemind.p2p import P2P, P2PDaemonError, PeerID
+from ...p2p import INFO_PROTOCOL, P2P, RemoteError, ServerInfo, request_once
 
-from ...p2p import INFO_PROTOCOL, ProtocolError, ServerInfo, read_frame
-
-__all__ = ["BanList", "ping"]
+__all__ = ["BanList", "MISBEHAVIOR_BAN_S", "ping"]
 
 logger = logging.getLogger(__name__)
 
 
+MISBEHAVIOR_BAN_S = 3600.0  # a server caught breaking the protocol or lying
+
+
 class BanList:
+    """The servers this client avoids for now, and until when. One per client (its SwarmView's),
+    shared by every session and request, so what one call learned spares the others."""
+
     def __init__(self, first_ban_s: float = 5.0, max_ban_s: float = 300.0):
         self.first_ban_s, self.max_ban_s = first_ban_s, max_ban_s
         self._until: dict[str, float] = {}
@@ -59,14 +65,8 @@ async def ping(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
 async def _ping_once(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
     started = time.perf_counter()
     try:
-        _, reader, writer = await asyncio.wait_for(
-            p2p.call_binary_stream_handler(PeerID.from_base58(peer_id_str), INFO_PROTOCOL), timeout_s)
-        try:
-            ServerInfo.from_wire(await asyncio.wait_for(read_frame(reader), timeout_s))
-        finally:
-            writer.close()
-    except (asyncio.TimeoutError, P2PDaemonError, ConnectionError, asyncio.IncompleteReadError, ProtocolError,
-            ValueError) as exc:
-        logger.debug("Ping of %s failed: %r", peer_id_str, exc)
+        await request_once(p2p, peer_id_str, INFO_PROTOCOL, None, ServerInfo, timeout_s, "ping")
+    except RemoteError as exc:
+        logger.debug("Ping of %s failed: %s", peer_id_str, exc)
         return float("inf")
     return time.perf_counter() - started

@@ -16,15 +16,13 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-import time
 from dataclasses import dataclass, field
 
 import torch
-from hivemind.p2p import P2P
 
-from ...p2p import PeerRefusedError, PushTarget, RemoteError, Step
+from ...p2p import P2P, PushTarget, RemoteError, RequestError, Step
 from .config import ClientConfig
-from .errors import MissingBlocksError
+from .retry import Refusals, on_a_route
 from .routing import RequestSize, SpanRoute
 from .span_session import SpanInferenceSession
 from .swarm import SwarmView
@@ -36,8 +34,9 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class _StepInput:
-    """One step as a span received it (hidden entering its first block), kept for replay."""
+class _SpanInput:
+    """What one span received in one step (hidden entering its first block): kept so that a
+    replacement server can be given the same steps again, and trimmed by a rewind."""
 
     position: int
     hidden: torch.Tensor  # [batch, new, hidden_size]
@@ -49,11 +48,11 @@ class _StepInput:
         return Step(self.position, self.hidden, self.padding_mask, self.hypo_ids, step_id, push,
                     route.blocks_of(self.prompts))
 
-    def with_hidden(self, hidden: torch.Tensor) -> _StepInput:
+    def with_hidden(self, hidden: torch.Tensor) -> _SpanInput:
         """The same step as the next span receives it."""
         return dataclasses.replace(self, hidden=hidden)
 
-    def truncated(self, position: int) -> _StepInput | None:
+    def truncated(self, position: int) -> _SpanInput | None:
         """This step without its tokens at `position` and after (None if nothing is left)."""
         keep = position - self.position
         if keep <= 0:
@@ -62,17 +61,30 @@ class _StepInput:
             return self
         mask = None if self.padding_mask is None else self.padding_mask[:, :keep]
         prompts = None if self.prompts is None else self.prompts[:, :, :keep]
-        return _StepInput(self.position, self.hidden[:, :keep], mask, self.hypo_ids, prompts)
+        return _SpanInput(self.position, self.hidden[:, :keep], mask, self.hypo_ids, prompts)
 
 
 @dataclass
 class _Span:
+    """One piece of the chain: its server's session, and every step it has received so far."""
+
     route: SpanRoute
     session: SpanInferenceSession
-    inputs: list[_StepInput] = field(default_factory=list)
+    inputs: list[_SpanInput] = field(default_factory=list)
 
 
 class InferenceSession:
+    """One sequence (or batch of them) being decoded through the whole chain of servers.
+
+    It is the only object that knows the chain of one generation: which server holds which blocks'
+    cache, and what each was sent, because that is what it takes to survive a server's failure
+    without a visible trace (the replacement is given the same steps, and the output does not
+    change). Its methods are coroutines on the client's loop; a model calls them through its
+    client's runtime. A server's failure is handled by the client's one retry loop (retry.py)
+    from the error's class: refused, banned for a while, or banned for lying or breaking the
+    protocol; a request no server can take (RequestError) reaches the caller at once.
+    """
+
     def __init__(self, p2p: P2P, swarm: SwarmView, config: ClientConfig, max_length: int,
                  verifier: OutputVerifier | None = None):
         self.p2p, self.swarm, self.config, self.max_length = p2p, swarm, config, max_length
@@ -83,7 +95,7 @@ class InferenceSession:
         self._step_ids = itertools.count(1)
         self._closed = False
         self._largest_step = 1  # tokens in the largest step so far: what a new server must take at once
-        self._refused_by: set[str] = set()  # servers whose limits this session is over: not used again for it
+        self._refusals: Refusals = {}  # servers whose limits this session is over: not used again for it
 
     @property
     def route(self) -> list[SpanRoute]:
@@ -101,16 +113,16 @@ class InferenceSession:
             raise RuntimeError("this inference session is closed")
         num_new = hidden.shape[1]
         if self.position + num_new > self.max_length:
-            raise ValueError(f"the session was opened for max_length={self.max_length}; "
-                             f"{self.position} + {num_new} tokens do not fit")
+            raise RequestError(f"the session was opened for max_length={self.max_length}; "
+                               f"{self.position} + {num_new} tokens do not fit (open it longer)")
         self._largest_step = max(self._largest_step, num_new)
         if self.batch is None:
             await self.open(hidden.shape[0])
         elif hidden.shape[0] != self.batch:
-            raise ValueError(f"the session was opened for batch {self.batch}, got {hidden.shape[0]} rows")
-        step = _StepInput(self.position, hidden, padding_mask, hypo_ids, prompts)
+            raise RequestError(f"the session was opened for batch {self.batch}, got {hidden.shape[0]} rows")
+        given = _SpanInput(self.position, hidden, padding_mask, hypo_ids, prompts)  # to the next span
         push = self.config.push and len(self._spans) > 1 and prompts is None
-        pushed = await self._push_along(step) if push else []
+        pushed = await self._push_along(given) if push else []
         index = 0
         while index < len(self._spans):
             span = self._spans[index]
@@ -120,18 +132,20 @@ class InferenceSession:
                     if isinstance(output, BaseException):
                         raise output
                 else:
-                    output = await span.session.step(step.message(next(self._step_ids), span.route))
+                    output = await span.session.step(given.message(next(self._step_ids), span.route))
             except RemoteError as exc:
-                self._spans[index:index + 1], pushed = await self._replace(span, exc), []
+                await span.session.close()
+                self._spans[index:index + 1], pushed = await self._build(
+                    span.route.start, span.route.end, span.inputs, self.config.recovery_timeout_s, exc), []
                 continue  # the same step, on the new spans, one by one
-            if self.verifier is not None and self.verifier.sampled() and await self._found_lying(span, step, output):
+            if self.verifier is not None and self.verifier.sampled() and await self._found_lying(span, given, output):
                 self._spans[index:index + 1], pushed = await self._build_after_lie(span), []
                 continue  # downstream answers came from the lie: redo them too
-            span.inputs.append(step)
-            step = step.with_hidden(output)
+            span.inputs.append(given)
+            given = given.with_hidden(output)
             index += 1
         self.position += num_new
-        return step.hidden
+        return given.hidden
 
     async def open(self, batch: int) -> None:
         """Choose the route and reserve the servers' caches now (the first step does it otherwise)."""
@@ -140,7 +154,7 @@ class InferenceSession:
         self.batch = batch
         self._spans = await self._build(0, self.swarm.num_blocks, [], self.config.missing_blocks_timeout_s)
 
-    async def _push_along(self, step: _StepInput) -> list:
+    async def _push_along(self, step: _SpanInput) -> list:
         """Send the step to the first span, to be pushed through the rest: every span's answer (an
         output or a RemoteError), in chain order."""
         step_id = next(self._step_ids)
@@ -156,7 +170,7 @@ class InferenceSession:
                 raise answer
         return answers
 
-    async def _found_lying(self, span: _Span, step: _StepInput, output: torch.Tensor) -> bool:
+    async def _found_lying(self, span: _Span, step: _SpanInput, output: torch.Tensor) -> bool:
         """Recompute the span's output elsewhere; True if its server turned out to be wrong."""
         history = span.inputs + [step]
         if any(item.hypo_ids is not None for item in history) or any(item.prompts is not None for item in history[1:]):
@@ -170,45 +184,29 @@ class InferenceSession:
         return span.route.peer_id_str in liars
 
     async def _build_after_lie(self, liar: _Span) -> list[_Span]:
-        await liar.session.close()
+        await liar.session.close()  # the verifier has banned its server already
         return await self._build(liar.route.start, liar.route.end, liar.inputs, self.config.recovery_timeout_s)
 
-    def _blame(self, error: RemoteError) -> None:
-        """A server over whose limits this session is avoids it for this session; any other failure bans it."""
-        if isinstance(error, PeerRefusedError):
-            self._refused_by.add(error.peer)
-        else:
-            self.swarm.bans.ban(error.peer, str(error))
+    async def _build(self, start: int, end: int, inputs: list[_SpanInput], wait_s: float,
+                     failed: RemoteError | None = None) -> list[_Span]:
+        """Sessions on a route through blocks [start, end), with `inputs` replayed to them; routed
+        again (see retry.py) whenever a server fails while opening or replaying."""
 
-    async def _replace(self, failed: _Span, error: RemoteError) -> list[_Span]:
-        self._blame(error)
-        await failed.session.close()
-        return await self._build(failed.route.start, failed.route.end, failed.inputs,
-                                 self.config.recovery_timeout_s, error)
-
-    async def _build(self, start: int, end: int, inputs: list[_StepInput], timeout_s: float,
-                     error: RemoteError | None = None) -> list[_Span]:
-        """Route blocks [start, end), open sessions there and replay `inputs`; retry on failures
-        (banning the servers that fail) for up to `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                raise MissingBlocksError(self.swarm.model_uid, list(range(start, end)), timeout_s,
-                                         str(error) if error else None)
-            size = RequestSize(self.batch, self.max_length, self.batch * self._largest_step)
-            route = await self.swarm.route(start, end, self.batch * self.max_length, remaining_s,
-                                           self.config.poll_period_s, size, self._refused_by)
+        async def attempt(route: list[SpanRoute]) -> list[_Span]:
             spans: list[_Span] = []
             try:
                 await self._open(route, spans)
                 if inputs:
                     await self._replay(spans, inputs)
                 return spans
-            except RemoteError as exc:
-                error = exc
-                self._blame(exc)
-                await asyncio.gather(*(span.session.close() for span in spans))
+            except BaseException:
+                await asyncio.gather(*(span.session.close() for span in spans), return_exceptions=True)
+                raise
+
+        size = RequestSize(self.batch, self.max_length, self.batch * self._largest_step)
+        return await on_a_route(self.swarm, start, end, attempt, size, self._refusals, wait_s=wait_s,
+                                recovery_s=self.config.recovery_timeout_s, poll_period_s=self.config.poll_period_s,
+                                min_cache_tokens=self.batch * self.max_length, failed=failed)
 
     async def _open(self, route: list[SpanRoute], spans: list[_Span]) -> None:
         """Open a session on every piece of the route, in parallel; `spans` gets those that opened."""
@@ -222,23 +220,23 @@ class InferenceSession:
             if isinstance(failure, BaseException):
                 raise failure
 
-    async def _replay(self, spans: list[_Span], inputs: list[_StepInput]) -> None:
+    async def _replay(self, spans: list[_Span], inputs: list[_SpanInput]) -> None:
         logger.info("Replaying %d step(s) (%d tokens) to %s", len(inputs), self.position,
                     ", ".join(f"{s.route.peer_id_str[-8:]}[{s.route.start}:{s.route.end}]" for s in spans))
         for span in spans:
             outputs = []
-            for step in inputs:
-                message = step.message(next(self._step_ids), span.route)
-                outputs.append(step.with_hidden(await span.session.step(message)))
+            for given in inputs:
+                message = given.message(next(self._step_ids), span.route)
+                outputs.append(given.with_hidden(await span.session.step(message)))
             span.inputs, inputs = list(inputs), outputs
 
     def rewind(self, position: int) -> None:
         """Forget tokens after `position`: the next step overwrites them on every server."""
         if not 0 <= position <= self.position:
-            raise ValueError(f"cannot rewind to {position}: {self.position} tokens are cached")
+            raise RequestError(f"cannot rewind to {position}: {self.position} tokens are cached")
         self.position = position
         for span in self._spans:
-            span.inputs = [kept for step in span.inputs if (kept := step.truncated(position)) is not None]
+            span.inputs = [kept for given in span.inputs if (kept := given.truncated(position)) is not None]
 
     async def close(self) -> None:
         if self._closed:

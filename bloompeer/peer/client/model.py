@@ -31,7 +31,14 @@ def draft_overshoot(prompt_lookup_num_tokens: int | None) -> int:
 
 
 class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, GenerationMixin):
-    """A BLOOM causal LM whose blocks are served by the swarm. Use as a context manager, or call shutdown()."""
+    """A BLOOM causal LM whose blocks are served by the swarm. Use as a context manager, or call shutdown().
+
+    It keeps transformers' generate() rather than a loop of its own, so every decoding strategy
+    (sampling, beams, assisted and speculative decoding, logits processors, stopping criteria)
+    works as on a local model and is tested against it token for token. What it adds is where the
+    cache lives: a session on the servers, opened per generate() (or kept across calls with
+    inference_session()) and always closed, freeing the servers' memory, when the call returns.
+    """
 
     def __init__(self, config: BloomConfig, tuning_mode: str | None = None, pre_seq_len: int = 0):
         super().__init__(config)
@@ -61,13 +68,13 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
         calls = self.transformer.calls
         if calls.kept_session is not None:
             raise RuntimeError("an inference session is already active in this thread")
-        session = self.swarm.open_session(max_length + self.transformer.pre_seq_len)
+        session = self.client.open_session(max_length + self.transformer.pre_seq_len)
         calls.kept_session = session
         try:
             yield session
         finally:
             calls.kept_session = None
-            self.swarm.close_session(session)
+            self.client.close_session(session)
 
     def forward(self, input_ids=None, cache=None, attention_mask=None, inputs_embeds=None, labels=None,
                 use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None,
@@ -95,7 +102,7 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
             length = max_cache_length + prompts
             if generation_mode is GenerationMode.ASSISTED_GENERATION:
                 length += draft_overshoot(generation_config.prompt_lookup_num_tokens)
-            session = calls.generate_session = self.swarm.open_session(length)
+            session = calls.generate_session = self.client.open_session(length)
         model_kwargs["cache"] = RemoteCache(session, prompts)
 
     def generate(self, *args, **kwargs):
@@ -107,4 +114,4 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
         finally:
             session, calls.generate_session = calls.generate_session, outer
             if session is not None:
-                self.swarm.close_session(session)
+                self.client.close_session(session)

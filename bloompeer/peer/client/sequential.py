@@ -11,17 +11,15 @@ one request travels as several.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
-from hivemind.p2p import P2P
 
-from ...p2p import PeerRefusedError, RemoteError
+from ...p2p import P2P, RemoteError
 from .config import ClientConfig
-from .errors import MissingBlocksError
+from .retry import Refusals, on_a_route
 from .routing import RequestSize, SpanRoute
 from .span_session import remote_backward, remote_forward
 from .swarm import SwarmView
@@ -40,20 +38,26 @@ class _Piece:
 
 
 class SwarmSequential:
-    """Forward and backward of whole sequences through blocks of the swarm (async; client loop)."""
+    """Forward and backward of whole sequences through blocks of the swarm (async; client loop).
+
+    Nothing is cached on the servers, so each span's request stands alone: a failed one is sent
+    again elsewhere, with no replay.
+    """
 
     def __init__(self, p2p: P2P, swarm: SwarmView, config: ClientConfig):
         self.p2p, self.swarm, self.config = p2p, swarm, config
 
     async def forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None,
                       prompts: torch.Tensor | None = None, start: int = 0,
-                      end: int | None = None) -> tuple[torch.Tensor, list[_Piece]]:
+                      end: int | None = None, failed: RemoteError | None = None) -> tuple[torch.Tensor, list[_Piece]]:
         """hidden entering block `start` -> hidden leaving block `end` - 1, and the pieces it went through.
 
         prompts: [num_blocks of the model, batch, prompt_length, hidden] deep prompts, or None.
+        failed: the failure of the server that had these blocks before (a backward's recovery).
         """
         end = self.swarm.num_blocks if end is None else end
         pieces: list[_Piece] = []
+        refusals: Refusals = {}
         while start < end:
             async def run(piece: SpanRoute) -> torch.Tensor:
                 return await remote_forward(self.p2p, piece, self.swarm.model_uid, hidden, padding_mask,
@@ -61,9 +65,9 @@ class SwarmSequential:
                                             self.config.wire_codec)
 
             size = RequestSize(hidden.shape[0], hidden.shape[1], hidden.shape[:2].numel())
-            piece, output = await self._first_piece(start, end, run, size)
+            piece, output = await self._first_piece(start, end, run, size, refusals, failed)
             pieces.append(_Piece(piece, hidden))
-            hidden, start = output, piece.end
+            hidden, start, failed = output, piece.end, None
         return hidden, pieces
 
     async def backward(self, pieces: list[_Piece], grad_output: torch.Tensor, padding_mask: torch.Tensor | None,
@@ -81,10 +85,9 @@ class SwarmSequential:
                 self.p2p, piece.route, self.swarm.model_uid, piece.hidden, grad_output, padding_mask,
                 self.config.request_timeout_s, piece.route.blocks_of(prompts), self.config.wire_codec)
         except RemoteError as exc:
-            if not isinstance(exc, PeerRefusedError):
-                self.swarm.bans.ban(exc.peer, str(exc))
             # the blocks of the failed piece, on new servers: their inputs first, then back through them
-            _, pieces = await self.forward(piece.hidden, padding_mask, prompts, piece.route.start, piece.route.end)
+            _, pieces = await self.forward(piece.hidden, padding_mask, prompts, piece.route.start, piece.route.end,
+                                           failed=exc)
             for new_piece in reversed(pieces):
                 grad_output = await self._backward_piece(new_piece, grad_output, padding_mask, prompts, grad_prompts)
             return grad_output
@@ -93,28 +96,16 @@ class SwarmSequential:
         return grad_hidden
 
     async def _first_piece(self, start: int, end: int, run: Callable[[SpanRoute], Awaitable[T]],
-                           size: RequestSize) -> tuple[SpanRoute, T]:
-        """Run the first piece of the best route through [start, end); on failure, ban its server (or,
-        if the request is over its limits, avoid it for this request) and try the next best route,
-        until the recovery timeout."""
-        deadline, error, refused_by = None, None, set()
-        timeout_s = self.config.missing_blocks_timeout_s
-        while True:
-            route = await self.swarm.route(start, end, timeout_s=timeout_s, poll_period_s=self.config.poll_period_s,
-                                           request=size, exclude=refused_by)
-            try:
-                return route[0], await run(route[0])
-            except PeerRefusedError as exc:
-                refused_by.add(exc.peer)
-                error = exc
-            except RemoteError as exc:
-                self.swarm.bans.ban(exc.peer, str(exc))
-                error = exc
-            deadline = deadline or time.monotonic() + self.config.recovery_timeout_s
-            timeout_s = deadline - time.monotonic()
-            if timeout_s <= 0:
-                raise MissingBlocksError(self.swarm.model_uid, list(range(start, route[0].end)),
-                                         self.config.recovery_timeout_s, str(error))
+                           size: RequestSize, refusals: Refusals,
+                           failed: RemoteError | None = None) -> tuple[SpanRoute, T]:
+        """Run the first piece of the best route through [start, end), routed again on failures (retry.py)."""
+
+        async def attempt(route: list[SpanRoute]) -> tuple[SpanRoute, T]:
+            return route[0], await run(route[0])
+
+        return await on_a_route(self.swarm, start, end, attempt, size, refusals,
+                                wait_s=self.config.missing_blocks_timeout_s, recovery_s=self.config.recovery_timeout_s,
+                                poll_period_s=self.config.poll_period_s, failed=failed)
 
 
 def _batch_chunks(batch: int, length: int, max_rows: int) -> list[slice]:

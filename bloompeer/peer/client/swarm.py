@@ -3,6 +3,9 @@ which ones it does not trust right now.
 
 Records are read from the DHT in the background every refresh period, and new servers are
 pinged, so choosing a route costs no lookup unless the view is stale or has gaps.
+
+In the client's code "swarm" always means this view (`SwarmView`); the connection that owns it,
+with the network peer and the event loop, is the `SwarmClient` (a model's `client`).
 """
 
 from __future__ import annotations
@@ -10,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
-from hivemind.p2p import P2P
-
-from ...p2p import BlockDirectory, ServerRecord
+from ...p2p import P2P, BlockDirectory, ServerRecord
 from .errors import MissingBlocksError, RequestTooLargeError, block_ranges
 from .health import BanList, ping
 from .routing import RequestSize, SpanRoute, choose_route, missing_blocks, refusal_everywhere, usable_servers
@@ -27,6 +28,12 @@ RTT_MAX_AGE_S = 60.0  # servers are pinged again after this long
 
 
 class SwarmView:
+    """What one client knows of the swarm of one model, shared by all its sessions and requests.
+
+    One view per client, not per request: the DHT is read in the background rather than on every
+    step, and the round trips measured and the bans earned by one request route all the others.
+    """
+
     def __init__(self, p2p: P2P, directory: BlockDirectory, model_uid: str, num_blocks: int,
                  fingerprint: str | None, refresh_period_s: float = 10.0, ping_timeout_s: float = 2.0,
                  trusted: Collection[str] = ()):
@@ -67,21 +74,23 @@ class SwarmView:
 
     async def route(self, start: int = 0, end: int | None = None, min_cache_tokens: int = 0,
                     timeout_s: float = 60.0, poll_period_s: float = 1.0, request: RequestSize = RequestSize(),
-                    exclude: Collection[str] = ()) -> list[SpanRoute]:
+                    refusals: Mapping[str, str] = {}) -> list[SpanRoute]:
         """The fastest route through blocks [start, end) for `request`, waiting (with a message) while
         some block has no usable server, up to `timeout_s`; at once RequestTooLargeError if the
-        request is over the limits of every server of some block. `exclude`: peers not to use for
-        this request only (they refused it)."""
+        request is over the limits of every server of some block, as their records announce them
+        or as they answered. `refusals`: peers not to use for this request only (they refused it),
+        with why."""
         end = self.num_blocks if end is None else end
         started = time.monotonic()
         announced_missing = None
         if time.monotonic() - self._updated_at > self.refresh_period_s:
             await self.refresh()
         while True:
-            refusal = refusal_everywhere(self.servers, start, end, request)
+            refusal = refusal_everywhere(self.servers, start, end, request) or self._refused_everywhere(
+                start, end, refusals)
             if refusal is not None:
                 raise RequestTooLargeError(self.model_uid, refusal)
-            banned = self.bans.banned() | set(exclude)
+            banned = self.bans.banned() | set(refusals)
             route = choose_route(self.servers, start, end, self.rtts_s, banned, min_cache_tokens, request)
             if route is not None:
                 logger.info("Route for blocks %d:%d: %s", start, end,
@@ -98,3 +107,14 @@ class SwarmView:
                 announced_missing = missing
             await asyncio.sleep(min(poll_period_s, timeout_s - waited_s))
             await self.refresh()
+
+    def _refused_everywhere(self, start: int, end: int, refusals: Mapping[str, str]) -> str | None:
+        """Why every server of some block in [start, end) refused this request (None if one has not)."""
+        if not refusals:
+            return None
+        blocks = missing_blocks(self.servers, start, end, set(refusals))
+        blocks = [index for index in blocks if self.servers.get(index)]
+        if not blocks:
+            return None
+        refuser = next(record.peer_id for record in self.servers[blocks[0]] if record.peer_id in refusals)
+        return f"every server of block {blocks[0]} refused it; {refusals[refuser]}"

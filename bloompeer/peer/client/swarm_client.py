@@ -1,7 +1,9 @@
-"""A client's connection to the swarm for one model: network, swarm view and the calls models use.
+"""A client's connection to the swarm for one model: its network peer, its event loop, its view of
+the swarm, and what it owns for its whole life (the view's refresher, the output verifier).
 
-Its methods are synchronous: they run on the client's event loop thread (see runtime.py), so
-a torch model can call them from its forward.
+A model holds one as `model.client`; the threads calling the model share it. Sessions are opened
+from it, and an inference step is a coroutine of the session run on `client.runtime` (there is no
+step method here: nothing would be added on the way).
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ def _leave_the_swarm_at_exit() -> None:
 
 
 class SwarmClient:
+    """The one owner of a client's network resources, so that they are started together, shared by
+    every session and request, and released in one defined order (view, peer, loop) at shutdown or,
+    if the program forgot, at exit.
+
+    Its methods are synchronous and run their work on the client's loop thread (runtime.py), so a
+    torch model can call them from its forward.
+    """
+
     def __init__(self, runtime: ClientRuntime, node: PeerNode, swarm: SwarmView, config: ClientConfig,
                  verifier: OutputVerifier | None):
         self.runtime, self.node, self.swarm, self.config, self.verifier = runtime, node, swarm, config, verifier
@@ -69,10 +79,6 @@ class SwarmClient:
     def open_session(self, max_length: int) -> InferenceSession:
         """A session whose servers are chosen, and caches reserved, at its first step."""
         return InferenceSession(self.node.p2p, self.swarm, self.config, max_length, self.verifier)
-
-    def step(self, session: InferenceSession, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None,
-             hypo_ids: torch.Tensor | None = None, prompts: torch.Tensor | None = None) -> torch.Tensor:
-        return self.runtime.run(session.step(hidden, padding_mask, hypo_ids, prompts))
 
     def close_session(self, session: InferenceSession) -> None:
         self.runtime.run(session.close())

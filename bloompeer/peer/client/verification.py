@@ -16,11 +16,11 @@ import random
 from collections.abc import Collection
 
 import torch
-from hivemind.p2p import P2P
 
 from ...blocks import BlockSpan, Checkpoint
-from ...p2p import RemoteError
+from ...p2p import P2P, RemoteError
 from .config import ClientConfig
+from .health import MISBEHAVIOR_BAN_S
 from .routing import SpanRoute
 from .span_session import remote_forward
 from .swarm import SwarmView
@@ -30,7 +30,6 @@ __all__ = ["LocalBlocks", "OutputVerifier", "relative_error", "tolerance_for"]
 logger = logging.getLogger(__name__)
 
 LOCAL_MAX_BLOCKS = 8  # the client recomputes at most this many blocks itself
-LIAR_BAN_S = 3600.0
 
 
 def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
@@ -62,6 +61,8 @@ class LocalBlocks:
 
 
 class OutputVerifier:
+    """Samples steps and recomputes them elsewhere, so that a lying server is caught and banned."""
+
     def __init__(self, p2p: P2P, swarm: SwarmView, config: ClientConfig, local: LocalBlocks | None):
         self.p2p, self.swarm, self.config, self.local = p2p, swarm, config, local
 
@@ -98,7 +99,7 @@ class OutputVerifier:
                      if relative_error(answer, decided) > tolerance}
         for liar in liars - {"local"}:
             self.swarm.bans.ban(liar, f"its output for blocks {route.start}:{route.end} disagrees with others "
-                                      f"(relative error {error:.3g})", duration_s=LIAR_BAN_S)
+                                      f"(relative error {error:.3g})", duration_s=MISBEHAVIOR_BAN_S)
         return liars
 
     async def _opinion(self, route: SpanRoute, inputs: torch.Tensor, padding_mask: torch.Tensor | None,

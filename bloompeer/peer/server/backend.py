@@ -39,15 +39,17 @@ class SpanBackend:
                 ErrorCode.NOT_SERVING,
             )
 
-    def _check_limit(self, what: str, value: int, limit: int) -> None:
+    def _check_limit(self, what: str, value: int, limit: int, flag: str) -> None:
+        """Refuse a request over one of this server's limits, naming the value, the limit and its flag."""
         if value > limit:
-            raise ProtocolError(f"{what} {value} exceeds this server's limit of {limit}", ErrorCode.TOO_LARGE)
+            raise ProtocolError(f"{what} {value} exceeds this server's limit of {limit} (bloompeer serve {flag})",
+                                ErrorCode.TOO_LARGE)
 
     async def open_session(self, peer_id_str: str, request: OpenSession, on_expire: Callable[[], None],
                            deliver: Callable[[Message], Awaitable[None]]) -> Session:
         self._check_serving(request.model, request.start, request.end)
-        self._check_limit("batch", request.batch, self.config.max_batch)
-        self._check_limit("max_length", request.max_length, self.config.max_length)
+        self._check_limit("batch", request.batch, self.config.max_batch, "--max-batch")
+        self._check_limit("max_length", request.max_length, self.config.max_length, "--max-length")
         nbytes = SessionCache.nbytes(self.span.config, request.end - request.start, request.batch,
                                      request.max_length, self.dtype)
 
@@ -66,7 +68,8 @@ class SpanBackend:
             raise ProtocolError(f"the session was opened for batch {batch}, got {hidden.shape[0]} rows")
         if mask is not None and mask.shape != hidden.shape[:2]:
             raise ProtocolError(f"padding_mask must be {list(hidden.shape[:2])}, got {list(mask.shape)}")
-        self._check_limit("rows (batch x tokens) per request", hidden.shape[:2].numel(), self.config.max_step_tokens)
+        self._check_limit("rows (batch x tokens) per request", hidden.shape[:2].numel(), self.config.max_step_tokens,
+                          "--max-step-tokens")
 
     async def step(self, session: Session, step: Step) -> torch.Tensor:
         if not self.accepting():
@@ -95,8 +98,8 @@ class SpanBackend:
     def _check_whole_sequences(self, request: ForwardRequest | BackwardRequest) -> None:
         self._check_serving(request.model, request.start, request.end)
         self._check_hidden(request.hidden, request.padding_mask)
-        self._check_limit("batch", request.hidden.shape[0], self.config.max_batch)
-        self._check_limit("length", request.hidden.shape[1], self.config.max_length)
+        self._check_limit("batch", request.hidden.shape[0], self.config.max_batch, "--max-batch")
+        self._check_limit("length", request.hidden.shape[1], self.config.max_length, "--max-length")
         self._check_prompts(request.prompts, request.end - request.start, request.hidden)
 
     def _check_prompts(self, prompts: torch.Tensor | None, num_blocks: int, hidden: torch.Tensor) -> None:

@@ -13,8 +13,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
-
 from ...p2p import (
     BackwardRequest, CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Gradients, Message, OpenSession,
     ProtocolError, PushStep, ServerInfo, SessionReady, Step, StepOutput, decode_message, read_frame, write_frame,
@@ -143,9 +141,8 @@ class _InferenceStream:
             await self.backend.registry.close(self.session)
 
 
-async def handle_inference_stream(backend: SpanBackend, pusher: PushSender, context: StreamInfo, reader,
+async def handle_inference_stream(backend: SpanBackend, pusher: PushSender, peer_id_str: str, reader,
                                   writer) -> None:
-    peer_id_str = context.peer_id.to_base58()
     stream = _InferenceStream(backend, pusher, peer_id_str, writer)
     try:
         loop = _serve_frames(reader, stream.send, stream.handle, backend.config.max_frame_bytes, peer_id_str,
@@ -155,10 +152,9 @@ async def handle_inference_stream(backend: SpanBackend, pusher: PushSender, cont
         await stream.close()
 
 
-async def handle_push_stream(backend: SpanBackend, pusher: PushSender, context: StreamInfo, reader, writer) -> None:
+async def handle_push_stream(backend: SpanBackend, pusher: PushSender, peer_id_str: str, reader, writer) -> None:
     """Steps pushed by another server. Each runs as its own task, so steps of different sessions
     arriving on one stream are batched together rather than run one after another."""
-    peer_id_str = context.peer_id.to_base58()
     running: set[asyncio.Task] = set()
 
     async def handle(frame: dict[str, Any]) -> None:
@@ -184,9 +180,8 @@ async def handle_push_stream(backend: SpanBackend, pusher: PushSender, context: 
         await asyncio.gather(*running, return_exceptions=True)
 
 
-async def handle_forward_stream(backend: SpanBackend, context: StreamInfo, reader, writer) -> None:
+async def handle_forward_stream(backend: SpanBackend, peer_id_str: str, reader, writer) -> None:
     """Full forwards and backwards of whole sequences (one protocol name each, one handler)."""
-    peer_id_str = context.peer_id.to_base58()
 
     async def handle(frame: dict[str, Any]) -> Message:
         request = decode_message(frame, ForwardRequest, BackwardRequest)
@@ -202,7 +197,7 @@ async def handle_forward_stream(backend: SpanBackend, context: StreamInfo, reade
     await _run_stream("forward", peer_id_str, writer, loop)
 
 
-async def handle_info_stream(info: Callable[[], ServerInfo], metrics: ServerMetrics, context: StreamInfo, reader,
+async def handle_info_stream(info: Callable[[], ServerInfo], metrics: ServerMetrics, peer_id_str: str, reader,
                              writer) -> None:
     metrics.count_request("info")
-    await _run_stream("info", context.peer_id.to_base58(), writer, write_frame(writer, info().to_wire()))
+    await _run_stream("info", peer_id_str, writer, write_frame(writer, info().to_wire()))

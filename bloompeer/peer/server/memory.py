@@ -56,7 +56,8 @@ class CacheBudget:
     async def reserve(self, nbytes: int, timeout_s: float) -> None:
         """Take `nbytes`, waiting up to `timeout_s` for other sessions to free them."""
         if nbytes > self.total_bytes:
-            raise ProtocolError(f"too large for this server: {self._describe(nbytes)}", ErrorCode.TOO_LARGE)
+            raise ProtocolError(f"too large for this server: {self._describe(nbytes)} (bloompeer serve --cache-tokens)",
+                                ErrorCode.TOO_LARGE)
 
         def fits() -> bool:
             return self.used_bytes + nbytes <= self.total_bytes

@@ -112,7 +112,7 @@ class Scheduler:
         chunk = self.max_batch_tokens // batch
         if chunk < 1:
             raise ProtocolError(f"a batch of {batch} rows exceeds this server's {self.max_batch_tokens} rows "
-                                f"per pass", ErrorCode.TOO_LARGE)
+                                f"per pass (bloompeer serve --max-batch-tokens)", ErrorCode.TOO_LARGE)
         outputs = []
         for begin in range(0, num_new, chunk):
             end = min(num_new, begin + chunk)
@@ -143,7 +143,8 @@ class Scheduler:
         rows = hidden.shape[0] * hidden.shape[1]
         if rows > self.max_batch_tokens:
             raise ProtocolError(f"{rows} rows (batch x length) exceed this server's {self.max_batch_tokens} rows "
-                                f"per pass; send fewer sequences per request", ErrorCode.TOO_LARGE)
+                                f"per pass (bloompeer serve --max-batch-tokens); send fewer sequences per request",
+                                ErrorCode.TOO_LARGE)
         return rows
 
     def _on_device(self, tensor: torch.Tensor | None) -> torch.Tensor | None:

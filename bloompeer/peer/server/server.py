@@ -20,7 +20,7 @@ from ..._version import __version__
 from ...blocks import BlockSpan, Checkpoint, SessionCache, open_checkpoint
 from ...p2p import (
     BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, PeerNode, ServerInfo,
-    RequestLimits, ServerRecord, ServerState, get_dht_time,
+    RequestLimits, ServerRecord, ServerState, get_dht_time, serve, stop_serving,
 )
 from .backend import SpanBackend
 from .block_choice import choose_blocks
@@ -117,7 +117,7 @@ class Server:
             INFO_PROTOCOL: functools.partial(handle_info_stream, self.info, self.metrics),
         }
         for name, handler in handlers.items():
-            await self.node.p2p.add_binary_stream_handler(name, handler)
+            await serve(self.node.p2p, name, handler)
             self._handlers.append(name)
         self.state = ServerState.ONLINE
         await self.announce()
@@ -188,7 +188,7 @@ class Server:
     async def _say_goodbye(self) -> None:
         await self.announce()
         for name in self._handlers:
-            await self.node.p2p.remove_binary_stream_handler(name)
+            await stop_serving(self.node.p2p, name)
 
     async def shutdown(self) -> None:
         """Announce offline and release everything. Idempotent."""

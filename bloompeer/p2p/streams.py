@@ -1,0 +1,137 @@
+"""Streams between peers: the one place bloompeer opens a libp2p stream, sends and receives its
+frames, bounds every wait, and turns what hivemind and p2pd raise into bloompeer's errors.
+
+Above this module nothing sees P2PDaemonError, ConnectionError, IncompleteReadError or a
+timeout: a stream that cannot be opened, is lost or stays silent is a PeerUnavailableError (route
+around the peer), an error frame is the class `remote_error` maps its code to, and a reply we
+cannot decode or did not expect is a PeerMisbehavedError (ban the peer). The server side
+registers its handlers here too, and gets the caller's peer id as a string.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from hivemind.p2p import P2P, P2PDaemonError, PeerID
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
+
+from .errors import ErrorCode, PeerMisbehavedError, PeerUnavailableError, ProtocolError, remote_error
+from .framing import read_frame, write_frame
+from .messages import ErrorFrame, Message, decode_message
+
+__all__ = ["P2P", "PeerStream", "StreamHandler", "request_once", "serve", "stop_serving"]
+
+# What hivemind, p2pd and asyncio raise when a stream cannot be opened, or is gone, while we use it.
+_OPEN_FAILURES = (P2PDaemonError, OSError, ValueError)  # OSError: the daemon's socket; ValueError: not a peer id
+_SEND_FAILURES = (P2PDaemonError, ConnectionError, RuntimeError)  # RuntimeError: writing to a closed transport
+_RECEIVE_FAILURES = (P2PDaemonError, ConnectionError, asyncio.IncompleteReadError)
+
+
+class PeerStream:
+    """One open stream to one peer, used for requests and answers in turn.
+
+    `about` starts every error message (e.g. "blocks 0:4"), so the user learns what was asked of
+    whom. Every receive waits at most `timeout_s` (plus what the caller knows the peer may need).
+    """
+
+    def __init__(self, peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout_s: float,
+                 about: str = ""):
+        self.peer, self.reader, self.writer, self.timeout_s, self.about = peer, reader, writer, timeout_s, about
+
+    @classmethod
+    async def open(cls, p2p: P2P, peer: str, protocol: str, timeout_s: float, about: str = "") -> PeerStream:
+        """A new stream to `peer` for `protocol`; PeerUnavailableError if it cannot be opened in time."""
+        try:
+            _, reader, writer = await asyncio.wait_for(
+                p2p.call_binary_stream_handler(PeerID.from_base58(peer), protocol), timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise _unavailable(peer, about, f"could not open a stream within {timeout_s:.0f} s",
+                               ErrorCode.TIMEOUT) from exc
+        except _OPEN_FAILURES as exc:
+            raise _unavailable(peer, about, f"could not open a stream: {exc!r}") from exc
+        return cls(peer, reader, writer, timeout_s, about)
+
+    async def request(self, message: Message, *expected: type[Message], extra_wait_s: float = 0.0) -> Message:
+        await self.send(message)
+        return await self.receive(*expected, extra_wait_s=extra_wait_s)
+
+    async def send(self, message: Message, timeout_s: float | None = None) -> None:
+        """Write one frame; with `timeout_s`, give up if the peer does not take it in time."""
+        try:
+            if timeout_s is None:
+                await write_frame(self.writer, message.to_wire())
+            else:
+                await asyncio.wait_for(write_frame(self.writer, message.to_wire()), timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise _unavailable(self.peer, self.about, f"did not take a frame within {timeout_s:.0f} s",
+                               ErrorCode.TIMEOUT) from exc
+        except _SEND_FAILURES as exc:
+            raise _unavailable(self.peer, self.about, f"stream lost: {exc!r}") from exc
+
+    async def receive(self, *expected: type[Message], extra_wait_s: float = 0.0) -> Message:
+        """The next frame, as one of the `expected` messages; an error frame is raised as its class."""
+        timeout_s = self.timeout_s + extra_wait_s
+        try:
+            frame = await asyncio.wait_for(read_frame(self.reader), timeout_s)
+            reply = decode_message(frame, ErrorFrame, *expected)
+        except asyncio.TimeoutError as exc:
+            raise _unavailable(self.peer, self.about, f"no answer within {timeout_s:.0f} s",
+                               ErrorCode.TIMEOUT) from exc
+        except _RECEIVE_FAILURES as exc:
+            raise _unavailable(self.peer, self.about, f"stream lost: {exc!r}") from exc
+        except ProtocolError as exc:
+            raise self.misbehaved(f"sent an invalid reply: {exc}") from exc
+        if isinstance(reply, ErrorFrame):
+            raise remote_error(reply.code, _prefixed(self.about, reply.message), self.peer)
+        return reply
+
+    def misbehaved(self, message: str) -> PeerMisbehavedError:
+        """The error for a reply that is well formed but wrong (e.g. ill-shaped): the peer broke the protocol."""
+        return PeerMisbehavedError(ErrorCode.BAD_REQUEST, _prefixed(self.about, message), self.peer)
+
+    async def close(self, goodbye: Message | None = None) -> None:
+        """Close the stream, after a last frame if given; never raises (the peer may be gone already)."""
+        try:
+            if goodbye is not None:
+                await write_frame(self.writer, goodbye.to_wire())
+        except _SEND_FAILURES:
+            pass
+        finally:
+            self.writer.close()
+
+
+async def request_once(p2p: P2P, peer: str, protocol: str, request: Message | None, expected: type[Message],
+                       timeout_s: float, about: str = "") -> Message:
+    """One request and its answer on a stream of their own (None: the peer speaks first)."""
+    stream = await PeerStream.open(p2p, peer, protocol, timeout_s, about)
+    try:
+        if request is not None:
+            await stream.send(request)
+        return await stream.receive(expected)
+    finally:
+        await stream.close()
+
+
+def _prefixed(about: str, message: str) -> str:
+    return f"{about}: {message}" if about else message
+
+
+def _unavailable(peer: str, about: str, message: str, code: ErrorCode = ErrorCode.NOT_SERVING) -> PeerUnavailableError:
+    return PeerUnavailableError(code, _prefixed(about, message), peer)
+
+
+StreamHandler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def serve(p2p: P2P, protocol: str, handler: StreamHandler) -> None:
+    """Answer streams opened to us for `protocol`: handler(the caller's peer id, reader, writer)."""
+
+    async def on_stream(info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await handler(info.peer_id.to_base58(), reader, writer)
+
+    await p2p.add_binary_stream_handler(protocol, on_stream)
+
+
+async def stop_serving(p2p: P2P, protocol: str) -> None:
+    await p2p.remove_binary_stream_handler(protocol)

@@ -1,0 +1,95 @@
+"""p2p/streams.py turns whatever goes wrong on a stream into bloompeer's errors: checked on real
+asyncio streams over loopback TCP (libp2p streams are asyncio streams too), against a peer that
+answers, answers an error, answers garbage, goes silent, or hangs up."""
+
+import asyncio
+
+import pytest
+import torch
+
+from bloompeer.p2p import (
+    ErrorCode, ErrorFrame, PeerBusyError, PeerMisbehavedError, PeerStream, PeerUnavailableError, StepOutput,
+    write_frame,
+)
+from bloompeer.p2p.framing import HEADER_BYTES
+
+
+async def _peer(behaviour):
+    """A loopback peer that runs behaviour(reader, writer) for the stream, and a PeerStream to it."""
+    server = await asyncio.start_server(behaviour, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    return server, PeerStream("peer-a", reader, writer, timeout_s=0.5, about="blocks 0:2")
+
+
+async def _receive_from(behaviour):
+    server, stream = await _peer(behaviour)
+    try:
+        return await stream.receive(StepOutput)
+    finally:
+        await stream.close()
+        server.close()
+
+
+async def test_an_answer_is_decoded():
+    async def answer(reader, writer):
+        await write_frame(writer, StepOutput(torch.ones(1, 2, 3), step_id=7).to_wire())
+
+    reply = await _receive_from(answer)
+    assert reply.step_id == 7 and torch.equal(reply.hidden, torch.ones(1, 2, 3))
+
+
+async def test_an_error_frame_raises_the_class_of_its_code():
+    async def busy(reader, writer):
+        await write_frame(writer, ErrorFrame(ErrorCode.BUSY, "no room").to_wire())
+
+    with pytest.raises(PeerBusyError) as raised:
+        await _receive_from(busy)
+    assert raised.value.peer == "peer-a" and "blocks 0:2: no room" in str(raised.value)
+
+
+async def test_silence_is_a_timeout():
+    async def silent(reader, writer):
+        await asyncio.sleep(5)
+
+    with pytest.raises(PeerUnavailableError) as raised:
+        await _receive_from(silent)
+    assert raised.value.code is ErrorCode.TIMEOUT and "no answer within" in str(raised.value)
+
+
+async def test_a_hang_up_mid_frame_is_a_lost_stream():
+    async def hang_up(reader, writer):
+        writer.write((100).to_bytes(HEADER_BYTES, "big") + b"only part")
+        await writer.drain()
+        writer.close()
+
+    with pytest.raises(PeerUnavailableError, match="stream lost"):
+        await _receive_from(hang_up)
+
+
+@pytest.mark.parametrize("frame", [
+    {"type": "output", "hidden": "not a tensor", "step_id": 1},  # ill-typed field
+    {"type": "session_ready", "session_id": "x"},  # a message we did not ask for
+])
+async def test_a_reply_we_cannot_accept_is_misbehaviour(frame):
+    async def garbage(reader, writer):
+        await write_frame(writer, frame)
+
+    with pytest.raises(PeerMisbehavedError) as raised:
+        await _receive_from(garbage)
+    assert "sent an invalid reply" in str(raised.value)
+
+
+async def test_sending_to_a_closed_stream_is_a_lost_stream():
+    async def hang_up_at_once(reader, writer):
+        writer.close()
+
+    server, stream = await _peer(hang_up_at_once)
+    try:
+        with pytest.raises(PeerUnavailableError, match="stream lost"):
+            for _ in range(50):  # the first writes may still land in socket buffers
+                await stream.send(StepOutput(torch.zeros(1, 256, 64)))
+                await asyncio.sleep(0.01)
+    finally:
+        await stream.close()  # never raises, the stream being gone
+        server.close()
