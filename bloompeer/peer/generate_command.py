@@ -36,9 +36,12 @@ def add_generate_parser(commands, add_network_flags) -> None:
     sampling.add_argument("--seed", type=int, default=None, help="random seed, for reproducible sampling")
     generate.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                           help="how long to wait for servers of missing blocks before giving up (60)")
-    generate.add_argument("--push", action="store_true",
+    generate.add_argument("--push", action=argparse.BooleanOptionalAction, default=None,
                           help="have each server pass its output straight to the next one (one trip along the chain "
-                               "per token instead of a round trip per server; pays off when servers are far apart)")
+                               "per token instead of a round trip per server), or not (--no-push). Default: the "
+                               "client chooses with each route, from the round trips it measures to the servers "
+                               "and those the servers announce between them: push where that saves time (servers "
+                               "far apart), not on one machine")
     speculative = generate.add_argument_group(
         "speculative decoding (fewer trips through the swarm per token; the same tokens as without)")
     speculative = speculative.add_mutually_exclusive_group()

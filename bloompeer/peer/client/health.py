@@ -6,14 +6,10 @@ flaky or dying server is tried less and less, but a restarted one is used again 
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import statistics
 import time
 
-from hivemind.p2p import P2P, P2PDaemonError, PeerID
-
-from ...p2p import INFO_PROTOCOL, ProtocolError, ServerInfo, read_frame
+from ...p2p import ping
 
 __all__ = ["BanList", "ping"]
 
@@ -37,36 +33,3 @@ class BanList:
     def banned(self) -> set[str]:
         now = time.monotonic()
         return {peer for peer, until in self._until.items() if until > now}
-
-
-PINGS = 3  # per measurement, averaged: a server that stalls now and then is slow, however fast its best ping
-PING_INTERVAL_S = 0.05  # spaced out, so that the pings sample different moments of the server's life
-
-
-async def ping(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
-    """Mean seconds of a few round trips to the server (a stream and its info frame); inf if it
-    does not answer."""
-    rtts = []
-    for attempt in range(PINGS):
-        if attempt:
-            await asyncio.sleep(PING_INTERVAL_S)
-        rtts.append(await _ping_once(p2p, peer_id_str, timeout_s))
-        if rtts[-1] == float("inf"):
-            break
-    return statistics.fmean(rtts)
-
-
-async def _ping_once(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
-    started = time.perf_counter()
-    try:
-        _, reader, writer = await asyncio.wait_for(
-            p2p.call_binary_stream_handler(PeerID.from_base58(peer_id_str), INFO_PROTOCOL), timeout_s)
-        try:
-            ServerInfo.from_wire(await asyncio.wait_for(read_frame(reader), timeout_s))
-        finally:
-            writer.close()
-    except (asyncio.TimeoutError, P2PDaemonError, ConnectionError, asyncio.IncompleteReadError, ProtocolError,
-            ValueError) as exc:
-        logger.debug("Ping of %s failed: %r", peer_id_str, exc)
-        return float("inf")
-    return time.perf_counter() - started

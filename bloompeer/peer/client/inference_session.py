@@ -1,10 +1,11 @@
 """An inference session across the whole chain, surviving servers that fail mid-generation.
 
 The client sends each step's hidden states along the route; the servers keep the attention
-caches. Without push (the default), the client sends a step span by span; with push, the step
-goes to the first server only, each server sends its output straight on to the next one, and
-every server also sends its output back to the client. For every span the client keeps what the span
-received. When a server fails (lost stream, error frame, no answer in time), it is banned for a
+caches. Without push, the client sends a step span by span; with push, the step goes to the
+first server only, each server sends its output straight on to the next one, and every server
+also sends its output back to the client. Which of the two is chosen with the route, when the
+session opens (ClientConfig.push; by default from the measured round trips). For every span
+the client keeps what the span received. When a server fails (lost stream, error frame, no answer in time), it is banned for a
 while, its blocks are routed again, and the kept inputs are replayed, step by step as first
 sent, to the new servers to rebuild their caches; then the step goes on, span by span. The
 output is the same as without the fault.
@@ -84,6 +85,7 @@ class InferenceSession:
         self._closed = False
         self._largest_step = 1  # tokens in the largest step so far: what a new server must take at once
         self._refused_by: set[str] = set()  # servers whose limits this session is over: not used again for it
+        self.push: bool | None = config.push  # decided with the first route, if the config leaves it open
 
     @property
     def route(self) -> list[SpanRoute]:
@@ -109,7 +111,7 @@ class InferenceSession:
         elif hidden.shape[0] != self.batch:
             raise ValueError(f"the session was opened for batch {self.batch}, got {hidden.shape[0]} rows")
         step = _StepInput(self.position, hidden, padding_mask, hypo_ids, prompts)
-        push = self.config.push and len(self._spans) > 1 and prompts is None
+        push = self.push and len(self._spans) > 1 and prompts is None
         pushed = await self._push_along(step) if push else []
         index = 0
         while index < len(self._spans):
@@ -197,8 +199,9 @@ class InferenceSession:
                 raise MissingBlocksError(self.swarm.model_uid, list(range(start, end)), timeout_s,
                                          str(error) if error else None)
             size = RequestSize(self.batch, self.max_length, self.batch * self._largest_step)
-            route = await self.swarm.route(start, end, self.batch * self.max_length, remaining_s,
-                                           self.config.poll_period_s, size, self._refused_by)
+            plan = await self.swarm.plan(start, end, self.batch * self.max_length, remaining_s,
+                                         self.config.poll_period_s, size, self._refused_by, self.push)
+            route, self.push = plan.route, plan.push
             spans: list[_Span] = []
             try:
                 await self._open(route, spans)

@@ -1,0 +1,54 @@
+"""How far away a server is: the round trip of opening a stream to it and reading its info frame.
+
+Used by clients (routing: which servers are near) and by servers (routing of pushed chains:
+how near the servers they would push to are, announced in their records).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+
+from hivemind.p2p import P2P, P2PDaemonError, PeerID
+
+from .errors import ProtocolError
+from .framing import read_frame
+from .messages import INFO_PROTOCOL, ServerInfo
+
+__all__ = ["PINGS", "ping"]
+
+logger = logging.getLogger(__name__)
+
+PINGS = 3  # per measurement, averaged: a server that stalls now and then is slow, however fast its best ping
+PING_INTERVAL_S = 0.05  # spaced out, so that the pings sample different moments of the server's life
+
+
+async def ping(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
+    """Mean seconds of a few round trips to the server (a stream and its info frame); inf if it
+    does not answer."""
+    rtts = []
+    for attempt in range(PINGS):
+        if attempt:
+            await asyncio.sleep(PING_INTERVAL_S)
+        rtts.append(await _ping_once(p2p, peer_id_str, timeout_s))
+        if rtts[-1] == float("inf"):
+            break
+    return statistics.fmean(rtts)
+
+
+async def _ping_once(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
+    started = time.perf_counter()
+    try:
+        _, reader, writer = await asyncio.wait_for(
+            p2p.call_binary_stream_handler(PeerID.from_base58(peer_id_str), INFO_PROTOCOL), timeout_s)
+        try:
+            ServerInfo.from_wire(await asyncio.wait_for(read_frame(reader), timeout_s))
+        finally:
+            writer.close()
+    except (asyncio.TimeoutError, P2PDaemonError, ConnectionError, asyncio.IncompleteReadError, ProtocolError,
+            ValueError) as exc:
+        logger.debug("Ping of %s failed: %r", peer_id_str, exc)
+        return float("inf")
+    return time.perf_counter() - started
