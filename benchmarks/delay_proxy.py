@@ -12,7 +12,7 @@ out from its listening port (TCP port reuse), so the port says which peer dialed
 
 In a thread (tests):        with ProxyThread([ProxyRoute(listen_port, target_port)], delay_s=0.05) as proxies: ...
 As a process (benchmarks):  python -m benchmarks.delay_proxy --delay-ms 50 LISTEN:TARGET [LISTEN:TARGET ...]
-  (prints "ready", then on SIGTERM or end of stdin one JSON line of byte counts, and exits)
+  (prints "ready", then on SIGTERM, or when its parent dies, one JSON line of byte counts, and exits)
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import asyncio
 import collections
 import contextlib
 import json
+import os
 import signal
 import socket
-import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -111,7 +111,7 @@ class DelayProxy:
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(MAX_QUEUED_CHUNKS)
         deliver = asyncio.create_task(self._deliver(queue, sink))
         try:
-            while chunk := await source.read(CHUNK_BYTES):
+            while not deliver.done() and (chunk := await source.read(CHUNK_BYTES)):
                 counter[dialer_port] += len(chunk)
                 await queue.put((link.arrival(loop.time(), len(chunk)), chunk))
         except (ConnectionError, OSError):
@@ -144,6 +144,11 @@ async def _start_all(routes, delay_s, bandwidth) -> list[DelayProxy]:
     return proxies
 
 
+async def _close_all(proxies: list[DelayProxy]) -> None:
+    for proxy in proxies:
+        await proxy.close()
+
+
 class ProxyThread:
     """Proxies on an event loop of their own, in a daemon thread; `proxies[i].counts` can be read
     from the caller's thread (a snapshot may be a few chunks behind)."""
@@ -161,8 +166,7 @@ class ProxyThread:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        future = asyncio.run_coroutine_threadsafe(
-            asyncio.gather(*(proxy.close() for proxy in self.proxies)), self._loop)
+        future = asyncio.run_coroutine_threadsafe(_close_all(self.proxies), self._loop)
         with contextlib.suppress(Exception):
             future.result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -179,14 +183,22 @@ async def _serve(args: argparse.Namespace) -> None:
     proxies = await _start_all(args.routes, args.delay_ms / 1000, bandwidth)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not sys.stdin.buffer.read1(1 << 16) else None)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(_stop_when_parent_dies(stop))
     print("ready", flush=True)
     await stop.wait()
-    for proxy in proxies:
-        await proxy.close()
+    watcher.cancel()
+    await _close_all(proxies)
     print(json.dumps({str(p.route.listen_port): {"up": dict(p.counts.up), "down": dict(p.counts.down)}
                       for p in proxies}), flush=True)
+
+
+async def _stop_when_parent_dies(stop: asyncio.Event) -> None:
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    stop.set()
 
 
 def main() -> None:

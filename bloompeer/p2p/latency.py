@@ -27,11 +27,13 @@ PING_INTERVAL_S = 0.05  # spaced out, so that the pings sample different moments
 
 async def ping(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
     """Mean seconds of a few round trips to the server (a stream and its info frame); inf if it
-    does not answer."""
+    does not answer. The first round trip, which may have to set up the connection (several
+    round trips of handshakes, paid once, not per request), is not counted."""
+    if await _ping_once(p2p, peer_id_str, timeout_s) == float("inf"):
+        return float("inf")
     rtts = []
-    for attempt in range(PINGS):
-        if attempt:
-            await asyncio.sleep(PING_INTERVAL_S)
+    for _ in range(PINGS):
+        await asyncio.sleep(PING_INTERVAL_S)
         rtts.append(await _ping_once(p2p, peer_id_str, timeout_s))
         if rtts[-1] == float("inf"):
             break

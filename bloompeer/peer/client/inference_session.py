@@ -1,11 +1,11 @@
 """An inference session across the whole chain, surviving servers that fail mid-generation.
 
 The client sends each step's hidden states along the route; the servers keep the attention
-caches. Without push, the client sends a step span by span; with push, the step goes to the
-first server only, each server sends its output straight on to the next one, and every server
-also sends its output back to the client. Which of the two is chosen with the route, when the
-session opens (ClientConfig.push; by default from the measured round trips). For every span
-the client keeps what the span received. When a server fails (lost stream, error frame, no answer in time), it is banned for a
+caches. Without push, the client sends a step span by span; with push, the step
+goes to the first server only, each server sends its output straight on to the next one, and
+every server also sends its output back to the client (which: ClientConfig.push, by default
+chosen with the route). For every span the client keeps what the span
+received. When a server fails (lost stream, error frame, no answer in time), it is banned for a
 while, its blocks are routed again, and the kept inputs are replayed, step by step as first
 sent, to the new servers to rebuild their caches; then the step goes on, span by span. The
 output is the same as without the fault.

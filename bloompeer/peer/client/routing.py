@@ -184,7 +184,8 @@ def choose_push_route(
     best_cost: dict[tuple[int, str | None], float] = {(start, None): 0.0}
     best_piece: dict[tuple[int, str | None], tuple[SpanRoute, str | None]] = {}
     for boundary in range(start, end):
-        for (at, before_id), cost_so_far in [(state, cost) for state, cost in best_cost.items() if state[0] == boundary]:
+        arrived = [(before_id, cost) for (at, before_id), cost in best_cost.items() if at == boundary]
+        for before_id, cost_so_far in arrived:
             before = candidates.get(before_id)
             for record in candidates.values():
                 if not record.start <= boundary < record.end or record.peer_id == before_id:
