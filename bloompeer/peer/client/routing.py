@@ -32,9 +32,10 @@ UNKNOWN_RTT_S = 0.05  # a server not pinged yet is assumed this far away
 UNREACHABLE_RTT_S = 5.0  # a server that did not answer its last ping: used only if nothing else serves its blocks
 UNKNOWN_THROUGHPUT = 1.0  # tokens/s per block assumed for a server that announces none
 RELAY_PENALTY_S = 0.01  # per relayed hop: each byte crosses the relay twice
-# push is chosen only if it saves this much per step, and this share of it: on one machine the two
-# are within noise of each other (benchmarks/inference.py), and there a round trip per server won
-PUSH_MIN_SAVING_S = 0.005
+# push is chosen only if it saves this much per step, and this share of the unpushed cost: on one
+# machine the two are within noise of each other (benchmarks/inference.py, wan.py --delay-ms 0),
+# and a loaded machine's loopback pings reach a few ms
+PUSH_MIN_SAVING_S = 0.01
 PUSH_MIN_SAVING_SHARE = 0.1
 
 
