@@ -4,8 +4,9 @@ For each model (random weights, written to a temp dir): starts a bootstrap peer 
 127.0.0.1 splitting the blocks, then measures for bloompeer and for BloomForCausalLM run locally:
   - decode: median time between consecutive tokens of greedy generate (16-token prompt, 32 new);
   - forward: median seconds of one full forward over a 512-token prompt.
-Decoding is measured with server-to-server push (the default) and without it. Prints a table
-with the ratios (bloompeer / local; lower is better).
+Decoding is measured with server-to-server push, without it, and with the default client (which
+chooses per route from the round trips it measures). Prints a table with the ratios (bloompeer /
+local; lower is better).
 
     python benchmarks/inference.py                      # tiny and bloom-560m architectures
     python benchmarks/inference.py --models tiny --servers 3
@@ -31,6 +32,9 @@ MODELS = {  # name -> write_random_checkpoint arguments
     "tiny": dict(num_blocks=4, hidden_size=64, num_heads=4, vocab_size=260),
     "bloom-560m": dict(num_blocks=24, hidden_size=1024, num_heads=16, vocab_size=250880, max_shard_size="1GB"),
 }
+
+
+MODES = {"push": True, "no push": False, "default": None}  # ClientConfig.push
 
 
 class _TokenClock(LogitsProcessor):
@@ -82,14 +86,14 @@ def bench(name: str, servers: int, args: argparse.Namespace) -> dict[str, tuple[
         del local
         print(f"[{name}] starting a swarm of {servers} servers...", file=sys.stderr, flush=True)
         with LocalSwarm(path, split_blocks(spec["num_blocks"], servers)) as swarm:
-            for push in (True, False):
+            for mode, push in MODES.items():
                 config = ClientConfig(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True),
                                       push=push)
                 with DistributedBloomForCausalLM.from_pretrained(path, client_config=config) as model:
                     decode_step_ms(model, prompt, 4, 1)  # warm-up: route, connections
                     decode = decode_step_ms(model, prompt, args.new_tokens, args.repeats)
                     forward = forward_s(model, long_ids, args.forward_repeats) if push else None
-                results["push" if push else "no push"] = (decode, forward)
+                results[mode] = (decode, forward)
         return results
 
 
@@ -108,7 +112,7 @@ def main() -> None:
     for name in args.models:
         results = bench(name, args.servers, args)
         local_decode, local_forward = results["local"]
-        for mode in ("push", "no push"):
+        for mode in MODES:
             decode = results[mode][0]
             print(f"{name:<12} {f'decode step ({mode}), median ms':<28} {local_decode:>10.2f} {decode:>10.2f} "
                   f"{decode / local_decode:>7.3f}")

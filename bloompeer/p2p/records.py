@@ -13,7 +13,10 @@ from typing import Any
 
 from .errors import ProtocolError
 
-__all__ = ["RequestLimits", "ServerState", "ServerRecord", "block_key"]
+__all__ = ["MAX_PUSH_RTTS", "MAX_RTT_S", "RequestLimits", "ServerState", "ServerRecord", "block_key"]
+
+MAX_PUSH_RTTS = 16  # servers a record may name round trips to (its nearest possible next hops)
+MAX_RTT_S = 60.0
 
 
 class ServerState(str, Enum):
@@ -58,14 +61,25 @@ class ServerRecord:
     weights_fingerprint: str
     relayed: bool  # reachable only through a libp2p relay
     limits: RequestLimits
+    # seconds of a round trip from this server to servers it could push a step to (peer id base58,
+    # seconds), as this server measured them; left out on the wire when empty, so that records of
+    # servers that measured nothing read the same as those of versions before the field
+    push_rtts_s: tuple[tuple[str, float], ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
-        return {**asdict(self), "state": self.state.value}
+        wire = {**asdict(self), "state": self.state.value, "push_rtts_s": dict(self.push_rtts_s)}
+        if not self.push_rtts_s:
+            del wire["push_rtts_s"]
+        return wire
+
+    def push_rtt_s(self, peer_id: str) -> float | None:
+        """This server's measured round trip to `peer_id`, or None if it announced none."""
+        return dict(self.push_rtts_s).get(peer_id)
 
     @classmethod
     def from_wire(cls, value: Any) -> ServerRecord:
-        if not isinstance(value, dict) or set(value) != _RECORD_FIELDS:
-            raise ProtocolError("a server record is a map with exactly the fields of ServerRecord")
+        if not isinstance(value, dict) or not _REQUIRED_FIELDS <= set(value) <= _RECORD_FIELDS:
+            raise ProtocolError("a server record is a map with the fields of ServerRecord (push_rtts_s optional)")
         checks = {
             "peer_id": lambda v: isinstance(v, str) and 0 < len(v) <= 128,
             "state": lambda v: isinstance(v, str) and v in _STATES,
@@ -82,9 +96,20 @@ class ServerRecord:
             if not check(value[name]):
                 raise ProtocolError(f"server record: bad {name} {str(value[name])[:40]!r}")
         return cls(**{**value, "state": ServerState(value["state"]), "throughput": float(value["throughput"]),
-                      "limits": RequestLimits.from_wire(value["limits"])})
+                      "limits": RequestLimits.from_wire(value["limits"]),
+                      "push_rtts_s": _push_rtts_from_wire(value.get("push_rtts_s", {}))})
+
+
+def _push_rtts_from_wire(value: Any) -> tuple[tuple[str, float], ...]:
+    if not isinstance(value, dict) or len(value) > MAX_PUSH_RTTS or not all(
+            isinstance(peer, str) and 0 < len(peer) <= 128 and type(rtt) in (int, float) and 0 <= rtt <= MAX_RTT_S
+            for peer, rtt in value.items()):
+        raise ProtocolError(f"server record: push_rtts_s must map at most {MAX_PUSH_RTTS} peer ids to seconds "
+                            f"between 0 and {MAX_RTT_S:.0f}")
+    return tuple(sorted((peer, float(rtt)) for peer, rtt in value.items()))
 
 
 _RECORD_FIELDS = frozenset(ServerRecord.__dataclass_fields__)
+_REQUIRED_FIELDS = _RECORD_FIELDS - {"push_rtts_s"}
 _LIMIT_FIELDS = frozenset(RequestLimits.__dataclass_fields__)
 _STATES = frozenset(state.value for state in ServerState)

@@ -141,9 +141,12 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
     """What a client command (generate, api) is told about using the swarm."""
     parser.add_argument("--timeout", type=positive_float, default=60.0, metavar="SECONDS",
                         help="how long to wait for servers of missing blocks before giving up (60)")
-    parser.add_argument("--push", action="store_true",
+    parser.add_argument("--push", action=argparse.BooleanOptionalAction, default=None,
                         help="have each server pass its output straight to the next one (one trip along the chain "
-                             "per token instead of a round trip per server; pays off when servers are far apart)")
+                             "per token instead of a round trip per server), or not (--no-push). Default: the "
+                             "client chooses with each route, from the round trips it measures to the servers "
+                             "and those the servers announce between them: push where that saves time (servers "
+                             "far apart), not on one machine")
     trust = parser.add_argument_group("trust")
     trust.add_argument("--verify-fraction", type=fraction, default=0.0, metavar="F",
                        help="recompute this fraction of each span's steps on another server (or locally, with a "

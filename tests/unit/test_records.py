@@ -1,6 +1,8 @@
+import dataclasses
+
 import pytest
 
-from bloompeer.p2p import ProtocolError, RequestLimits, ServerRecord, ServerState, block_key
+from bloompeer.p2p import MAX_PUSH_RTTS, ProtocolError, RequestLimits, ServerRecord, ServerState, block_key
 
 RECORD = ServerRecord(peer_id="12D3KooWabc", state=ServerState.ONLINE, start=0, end=4, throughput=12.5,
                       cache_tokens_left=4096, dtype="float32", version="0.1.0", weights_fingerprint="ab12",
@@ -10,6 +12,26 @@ RECORD = ServerRecord(peer_id="12D3KooWabc", state=ServerState.ONLINE, start=0, 
 def test_round_trip():
     assert ServerRecord.from_wire(RECORD.to_wire()) == RECORD
     assert block_key("bloom-560m", 3) == "bloom-560m.3"
+
+
+def test_push_round_trips_travel_and_old_records_still_decode():
+    measured = dataclasses.replace(RECORD, push_rtts_s=(("12D3KooWnext", 0.1), ("QmOther", 2)))
+    wire = measured.to_wire()
+    assert wire["push_rtts_s"] == {"12D3KooWnext": 0.1, "QmOther": 2}
+    decoded = ServerRecord.from_wire(wire)
+    assert decoded == dataclasses.replace(measured, push_rtts_s=(("12D3KooWnext", 0.1), ("QmOther", 2.0)))
+    assert decoded.push_rtt_s("QmOther") == 2.0 and decoded.push_rtt_s("QmNobody") is None
+    assert "push_rtts_s" not in RECORD.to_wire()  # nothing measured: the record of versions before the field
+    assert ServerRecord.from_wire(RECORD.to_wire()).push_rtts_s == ()
+
+
+@pytest.mark.parametrize("push_rtts", [
+    [], "QmA", {"QmA": -0.1}, {"QmA": float("nan")}, {"QmA": float("inf")}, {"QmA": 61.0}, {"QmA": "0.1"},
+    {"QmA": True}, {"": 0.1}, {"x" * 129: 0.1}, {f"Qm{i}": 0.1 for i in range(MAX_PUSH_RTTS + 1)},
+])
+def test_malformed_push_round_trips_are_refused(push_rtts):
+    with pytest.raises(ProtocolError):
+        ServerRecord.from_wire({**RECORD.to_wire(), "push_rtts_s": push_rtts})
 
 
 @pytest.mark.parametrize("change", [

@@ -26,8 +26,8 @@ async def _run(swarm, failures: dict, refusals=None, recovery_s=5.0):
     if a list); returns (the peer that answered, the peers tried in order)."""
     tried = []
 
-    async def attempt(route):
-        peer = route[0].peer_id_str
+    async def attempt(plan):
+        peer = plan.route[0].peer_id_str
         tried.append(peer)
         failure = failures.get(peer)
         if isinstance(failure, list):

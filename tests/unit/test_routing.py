@@ -1,14 +1,15 @@
 from bloompeer.p2p import RequestLimits, ServerRecord, ServerState
 from bloompeer.peer.client.errors import MissingBlocksError, block_ranges
 from bloompeer.peer.client.routing import (
-    RequestSize, SpanRoute, choose_route, missing_blocks, refusal_everywhere, usable_servers,
+    RequestSize, SpanRoute, choose_plan, choose_push_route, choose_route, missing_blocks, refusal_everywhere,
+    usable_servers,
 )
 
 
 def _record(peer, start, end, state=ServerState.ONLINE, fingerprint="f", throughput=100.0, cache=1000,
-            relayed=False, max_length=8192):
+            relayed=False, max_length=8192, push_rtts=()):
     return ServerRecord(peer, state, start, end, throughput, cache, "float32", "0", fingerprint, relayed,
-                        RequestLimits(max_batch=64, max_length=max_length, max_step_tokens=4096))
+                        RequestLimits(max_batch=64, max_length=max_length, max_step_tokens=4096), tuple(push_rtts))
 
 
 def _by_block(records, num_blocks=6):
@@ -80,3 +81,43 @@ def test_a_request_over_every_servers_limit_is_named_with_the_largest_on_offer()
     assert refusal_everywhere(servers, 3, 6, RequestSize(1, 200, 20)) is None
     assert "--max-batch" in refusal_everywhere(servers, 0, 6, RequestSize(65, 10, 650))
     assert "--max-step-tokens" in refusal_everywhere(servers, 3, 6, RequestSize(1, 100, 5000))
+
+
+def test_pushed_chains_go_through_servers_near_each_other():
+    """Two ways through: head -> near (0.01 s apart) or head -> far (0.4 s apart), the client
+    equally near all three. Without push the two are alike; with push the servers' announced
+    round trips decide, whichever of the pair announced it."""
+    rtts = {"head": 0.1, "near": 0.1, "far": 0.1}
+    for near_announced_by_head in (True, False):
+        head = _record("head", 0, 3, push_rtts=[("far", 0.4)] + ([("near", 0.01)] if near_announced_by_head else []))
+        near = _record("near", 3, 6, push_rtts=[] if near_announced_by_head else [("head", 0.01)])
+        servers = _by_block([head, near, _record("far", 3, 6, throughput=1000)])
+        assert choose_route(servers, 0, 6, rtts)[1].peer_id_str == "far"  # a little faster at compute
+        assert choose_push_route(servers, 0, 6, rtts) == [SpanRoute("head", 0, 3), SpanRoute("near", 3, 6)]
+
+
+def test_the_client_pushes_where_it_saves_enough():
+    servers = _by_block([_record("a", 0, 2, throughput=1e6, push_rtts=[("b", 0.1)]),
+                         _record("b", 2, 4, throughput=1e6, push_rtts=[("c", 0.1)]),
+                         _record("c", 4, 6, throughput=1e6)])
+    far = {"a": 0.1, "b": 0.1, "c": 0.1}  # 50 ms each way everywhere: 0.3 s a step unpushed, 0.2 s pushed
+    plan = choose_plan(servers, 0, 6, far, push=None)
+    assert plan.push and [r.peer_id_str for r in plan.route] == ["a", "b", "c"]
+    assert abs(plan.cost_s - 0.2) < 0.01
+    assert not choose_plan(servers, 0, 6, far, push=False).push
+    loopback = _by_block([_record(r.peer_id, r.start, r.end, throughput=1e6, push_rtts=[(p, 0.0005) for p, _ in
+                                                                                      r.push_rtts_s])
+                          for r in {r.peer_id: r for rs in servers.values() for r in rs}.values()])
+    near = {"a": 0.0005, "b": 0.0005, "c": 0.0005}
+    assert not choose_plan(loopback, 0, 6, near, push=None).push  # saves well under a millisecond
+    assert choose_plan(loopback, 0, 6, near, push=True).push  # asked for
+    one_server = _by_block([_record("all", 0, 6)])
+    assert not choose_plan(one_server, 0, 6, {"all": 0.1}, push=None).push  # nothing to push to
+    assert choose_plan(_by_block([]), 0, 6, far, push=None) is None
+
+
+def test_unknown_round_trips_between_servers_count_as_far():
+    """Servers that announced nothing yet (just started) are assumed UNKNOWN_RTT_S apart: no push
+    on a guess between nearby machines."""
+    servers = _by_block([_record("a", 0, 3, throughput=1e6), _record("b", 3, 6, throughput=1e6)])
+    assert not choose_plan(servers, 0, 6, {"a": 0.001, "b": 0.001}, push=None).push

@@ -18,9 +18,11 @@ class ClientConfig:
     recovery_timeout_s: float = 60.0  # how long to keep re-routing around failing servers before giving up
     poll_period_s: float = 1.0  # how often the DHT is read again while waiting for missing blocks
     swarm_refresh_period_s: float = 10.0  # how often the view of the swarm is read from the DHT in the background
-    # servers pass each step's output straight to the next server; off by default: on one 2-core
-    # machine with 3 servers of bloom-560m it was slower (170.6 vs 160.2 ms a token, benchmarks/inference.py)
-    push: bool = False
+    # servers pass each step's output straight to the next server (True), or the client sends it to
+    # each in turn (False); None: chosen with each session's route, from the measured round trips to
+    # and between the servers: push where it saves enough (far-apart servers, benchmarks/wan.py), not
+    # on one machine's loopback, where it saved nothing (benchmarks/inference.py)
+    push: bool | None = None
     verify_fraction: float = 0.0  # share of each span's steps recomputed elsewhere to catch a lying server
     trusted_servers: tuple[str, ...] = ()  # if set, only these peer ids (base58) are ever used
     wire_codec: str = "raw"  # how forward/backward activations and gradients travel: raw, float16, bfloat16, int8-blockwise

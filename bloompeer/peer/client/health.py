@@ -8,12 +8,10 @@ cost the user a wrong or failed answer again.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import statistics
 import time
 
-from ...p2p import INFO_PROTOCOL, P2P, RemoteError, ServerInfo, request_once
+from ...p2p import ping
 
 __all__ = ["BanList", "MISBEHAVIOR_BAN_S", "ping"]
 
@@ -43,30 +41,3 @@ class BanList:
     def banned(self) -> set[str]:
         now = time.monotonic()
         return {peer for peer, until in self._until.items() if until > now}
-
-
-PINGS = 3  # per measurement, averaged: a server that stalls now and then is slow, however fast its best ping
-PING_INTERVAL_S = 0.05  # spaced out, so that the pings sample different moments of the server's life
-
-
-async def ping(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
-    """Mean seconds of a few round trips to the server (a stream and its info frame); inf if it
-    does not answer."""
-    rtts = []
-    for attempt in range(PINGS):
-        if attempt:
-            await asyncio.sleep(PING_INTERVAL_S)
-        rtts.append(await _ping_once(p2p, peer_id_str, timeout_s))
-        if rtts[-1] == float("inf"):
-            break
-    return statistics.fmean(rtts)
-
-
-async def _ping_once(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
-    started = time.perf_counter()
-    try:
-        await request_once(p2p, peer_id_str, INFO_PROTOCOL, None, ServerInfo, timeout_s, "ping")
-    except RemoteError as exc:
-        logger.debug("Ping of %s failed: %s", peer_id_str, exc)
-        return float("inf")
-    return time.perf_counter() - started

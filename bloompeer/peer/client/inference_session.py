@@ -1,9 +1,10 @@
 """An inference session across the whole chain, surviving servers that fail mid-generation.
 
 The client sends each step's hidden states along the route; the servers keep the attention
-caches. Without push (the default), the client sends a step span by span; with push, the step
+caches. Without push, the client sends a step span by span; with push, the step
 goes to the first server only, each server sends its output straight on to the next one, and
-every server also sends its output back to the client. For every span the client keeps what the span
+every server also sends its output back to the client (which: ClientConfig.push, by default
+chosen with the route). For every span the client keeps what the span
 received. When a server fails (lost stream, error frame, no answer in time), it is banned for a
 while, its blocks are routed again, and the kept inputs are replayed, step by step as first
 sent, to the new servers to rebuild their caches; then the step goes on, span by span. The
@@ -23,7 +24,7 @@ import torch
 from ...p2p import P2P, PushTarget, RemoteError, RequestError, Step
 from .config import ClientConfig
 from .retry import Refusals, on_a_route
-from .routing import RequestSize, SpanRoute
+from .routing import RequestSize, RoutePlan, SpanRoute
 from .span_session import SpanInferenceSession
 from .swarm import SwarmView
 from .verification import OutputVerifier
@@ -96,6 +97,7 @@ class InferenceSession:
         self._closed = False
         self._largest_step = 1  # tokens in the largest step so far: what a new server must take at once
         self._refusals: Refusals = {}  # servers whose limits this session is over: not used again for it
+        self.push: bool | None = config.push  # decided with the first route, if the config leaves it open
 
     @property
     def route(self) -> list[SpanRoute]:
@@ -121,7 +123,7 @@ class InferenceSession:
         elif hidden.shape[0] != self.batch:
             raise RequestError(f"the session was opened for batch {self.batch}, got {hidden.shape[0]} rows")
         given = _SpanInput(self.position, hidden, padding_mask, hypo_ids, prompts)  # to the next span
-        push = self.config.push and len(self._spans) > 1 and prompts is None
+        push = self.push and len(self._spans) > 1 and prompts is None
         pushed = await self._push_along(given) if push else []
         index = 0
         while index < len(self._spans):
@@ -192,12 +194,13 @@ class InferenceSession:
         """Sessions on a route through blocks [start, end), with `inputs` replayed to them; routed
         again (see retry.py) whenever a server fails while opening or replaying."""
 
-        async def attempt(route: list[SpanRoute]) -> list[_Span]:
+        async def attempt(plan: RoutePlan) -> list[_Span]:
             spans: list[_Span] = []
             try:
-                await self._open(route, spans)
+                await self._open(plan.route, spans)
                 if inputs:
                     await self._replay(spans, inputs)
+                self.push = plan.push
                 return spans
             except BaseException:
                 await asyncio.gather(*(span.session.close() for span in spans), return_exceptions=True)
@@ -206,7 +209,7 @@ class InferenceSession:
         size = RequestSize(self.batch, self.max_length, self.batch * self._largest_step)
         return await on_a_route(self.swarm, start, end, attempt, size, self._refusals, wait_s=wait_s,
                                 recovery_s=self.config.recovery_timeout_s, poll_period_s=self.config.poll_period_s,
-                                min_cache_tokens=self.batch * self.max_length, failed=failed)
+                                min_cache_tokens=self.batch * self.max_length, failed=failed, push=self.push)
 
     async def _open(self, route: list[SpanRoute], spans: list[_Span]) -> None:
         """Open a session on every piece of the route, in parallel; `spans` gets those that opened."""

@@ -23,7 +23,7 @@ from typing import TypeVar
 from ...p2p import PeerMisbehavedError, PeerRefusedError, RemoteError
 from .errors import MissingBlocksError
 from .health import MISBEHAVIOR_BAN_S, BanList
-from .routing import RequestSize, SpanRoute
+from .routing import RequestSize, RoutePlan
 from .swarm import SwarmView
 
 __all__ = ["Refusals", "blame", "on_a_route"]
@@ -42,12 +42,15 @@ def blame(bans: BanList, error: RemoteError, refusals: Refusals) -> None:
         bans.ban(error.peer, str(error))
 
 
-async def on_a_route(swarm: SwarmView, start: int, end: int, attempt: Callable[[list[SpanRoute]], Awaitable[T]],
+async def on_a_route(swarm: SwarmView, start: int, end: int, attempt: Callable[[RoutePlan], Awaitable[T]],
                      request: RequestSize, refusals: Refusals, *, wait_s: float, recovery_s: float,
-                     poll_period_s: float, min_cache_tokens: int = 0, failed: RemoteError | None = None) -> T:
-    """`attempt(route)` on the best route through blocks [start, end) for `request`, routed again
+                     poll_period_s: float, min_cache_tokens: int = 0, failed: RemoteError | None = None,
+                     push: bool | None = False) -> T:
+    """`attempt(plan)` on the best route through blocks [start, end) for `request`, routed again
     after every server failure, until it succeeds.
 
+    push: whether the route is for pushed steps (True), not (False), or whichever is faster (None;
+    the plan says which was chosen).
     wait_s: how long the first routing waits for servers of missing blocks; recovery_s: how long
     retrying goes on after the first failure. failed: the failure that brought the caller here
     (blamed first; the recovery window starts now). `refusals` is the request's own, shared by
@@ -63,13 +66,13 @@ async def on_a_route(swarm: SwarmView, start: int, end: int, attempt: Callable[[
         if timeout_s <= 0:
             raise MissingBlocksError(swarm.model_uid, list(range(start, end)), recovery_s, str(error))
         try:
-            route = await swarm.route(start, end, min_cache_tokens, timeout_s, poll_period_s, request, refusals)
+            plan = await swarm.plan(start, end, min_cache_tokens, timeout_s, poll_period_s, request, refusals, push)
         except MissingBlocksError as exc:
             if error is None:
                 raise
             raise MissingBlocksError(swarm.model_uid, exc.missing, recovery_s, str(error)) from None
         try:
-            return await attempt(route)
+            return await attempt(plan)
         except RemoteError as exc:
             blame(swarm.bans, exc, refusals)
             error = exc

@@ -5,6 +5,12 @@ A server announcing blocks [start, end) can serve any sub-range of it, so a rout
 round trip to the server plus the compute time of its blocks at its announced throughput, and
 the cheapest route over every way to split the range is found by a shortest path over block
 boundaries.
+
+With push, a step goes client -> A -> B -> ... -> client: one way to the first server, one way
+between each pair of consecutive servers (half the round trip the earlier one measured and
+announced), one way back from the last. Its cheapest route is a shortest path over (boundary,
+server before it). A client left to choose (ClientConfig.push None) pushes where that saves
+enough over a round trip per server: between far-apart machines, not on one machine's loopback.
 """
 
 from __future__ import annotations
@@ -18,14 +24,19 @@ import torch
 from ...p2p import RequestLimits, ServerRecord, ServerState
 
 __all__ = [
-    "RequestSize", "SpanRoute", "choose_route", "missing_blocks", "refusal_everywhere", "usable_servers",
-    "UNKNOWN_RTT_S", "RELAY_PENALTY_S",
+    "RequestSize", "RoutePlan", "SpanRoute", "choose_plan", "choose_push_route", "choose_route", "missing_blocks",
+    "refusal_everywhere", "usable_servers", "UNKNOWN_RTT_S", "RELAY_PENALTY_S",
 ]
 
 UNKNOWN_RTT_S = 0.05  # a server not pinged yet is assumed this far away
 UNREACHABLE_RTT_S = 5.0  # a server that did not answer its last ping: used only if nothing else serves its blocks
 UNKNOWN_THROUGHPUT = 1.0  # tokens/s per block assumed for a server that announces none
 RELAY_PENALTY_S = 0.01  # per relayed hop: each byte crosses the relay twice
+# push is chosen only if it saves this much per step, and this share of the unpushed cost: on one
+# machine the two are within noise of each other (benchmarks/inference.py, wan.py --delay-ms 0),
+# and a loaded machine's loopback pings reach a few ms
+PUSH_MIN_SAVING_S = 0.01
+PUSH_MIN_SAVING_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -99,23 +110,122 @@ def piece_cost_s(record: ServerRecord, num_blocks: int, rtt_s: float) -> float:
     return rtt_s + num_blocks / throughput + (RELAY_PENALTY_S if record.relayed else 0.0)
 
 
-def choose_route(
-    servers: dict[int, list[ServerRecord]], start: int, end: int, rtts_s: dict[str, float] | None = None,
-    exclude: Collection[str] = (), min_cache_tokens: int = 0, request: RequestSize = RequestSize(),
-) -> list[SpanRoute] | None:
-    """The cheapest route through blocks [start, end), or None if some block has no usable server.
-
-    `exclude`: peer ids not to use (banned); `min_cache_tokens`: the cache room a server must
-    announce (a session's batch x max_length), or 0 for requests that keep no cache; servers
-    whose announced limits `request` exceeds are never chosen.
-    """
-    rtts_s = rtts_s or {}
+def _candidates(servers: dict[int, list[ServerRecord]], exclude: Collection[str], min_cache_tokens: int,
+                request: RequestSize) -> dict[str, ServerRecord]:
     candidates = {}
     for records in servers.values():
         for record in records:
             if (record.peer_id not in exclude and record.cache_tokens_left >= min_cache_tokens
                     and request.over_limit(record.limits) is None):
                 candidates[record.peer_id] = record
+    return candidates
+
+
+def _client_rtt_s(rtts_s: dict[str, float], peer_id: str) -> float:
+    return min(rtts_s.get(peer_id, UNKNOWN_RTT_S), UNREACHABLE_RTT_S)
+
+
+def _hop_rtt_s(before: ServerRecord, after: ServerRecord) -> float:
+    """The round trip between two servers, as either of them announced it (the earlier one's first)."""
+    rtt_s = before.push_rtt_s(after.peer_id)
+    if rtt_s is None:
+        rtt_s = after.push_rtt_s(before.peer_id)
+    return min(UNKNOWN_RTT_S if rtt_s is None else rtt_s, UNREACHABLE_RTT_S)
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """A route, whether steps are pushed along it, and its estimated seconds per step."""
+
+    route: list[SpanRoute]
+    push: bool
+    cost_s: float
+
+
+def choose_plan(
+    servers: dict[int, list[ServerRecord]], start: int, end: int, rtts_s: dict[str, float] | None = None,
+    exclude: Collection[str] = (), min_cache_tokens: int = 0, request: RequestSize = RequestSize(),
+    push: bool | None = False,
+) -> RoutePlan | None:
+    """The cheapest route through blocks [start, end) without push (push False), with push (True),
+    or whichever saves enough (None); None if some block has no usable server. Arguments as in
+    choose_route."""
+    plans = []
+    if push is not True:
+        plans.append(_plan(servers, start, end, rtts_s, exclude, min_cache_tokens, request, False))
+    if push is not False:
+        plans.append(_plan(servers, start, end, rtts_s, exclude, min_cache_tokens, request, True))
+    plans = [plan for plan in plans if plan is not None]
+    if not plans:
+        return None
+    if len(plans) == 2:
+        direct, pushed = plans
+        saving_s = direct.cost_s - pushed.cost_s
+        worth_it = saving_s >= PUSH_MIN_SAVING_S and saving_s >= PUSH_MIN_SAVING_SHARE * direct.cost_s
+        return pushed if worth_it and len(pushed.route) > 1 else direct
+    return plans[0]
+
+
+def _plan(servers, start, end, rtts_s, exclude, min_cache_tokens, request, push: bool) -> RoutePlan | None:
+    choose = choose_push_route if push else choose_route
+    found = choose(servers, start, end, rtts_s, exclude, min_cache_tokens, request, with_cost=True)
+    return None if found is None else RoutePlan(found[0], push, found[1])
+
+
+def choose_push_route(
+    servers: dict[int, list[ServerRecord]], start: int, end: int, rtts_s: dict[str, float] | None = None,
+    exclude: Collection[str] = (), min_cache_tokens: int = 0, request: RequestSize = RequestSize(),
+    with_cost: bool = False,
+):
+    """The cheapest route through blocks [start, end) for pushed steps, costed with the servers'
+    announced round trips to each other; arguments and result as in choose_route."""
+    rtts_s = rtts_s or {}
+    candidates = _candidates(servers, exclude, min_cache_tokens, request)
+    # state: (boundary, peer id of the piece ending there, or None at the start) -> cost, piece
+    best_cost: dict[tuple[int, str | None], float] = {(start, None): 0.0}
+    best_piece: dict[tuple[int, str | None], tuple[SpanRoute, str | None]] = {}
+    for boundary in range(start, end):
+        arrived = [(before_id, cost) for (at, before_id), cost in best_cost.items() if at == boundary]
+        for before_id, cost_so_far in arrived:
+            before = candidates.get(before_id)
+            for record in candidates.values():
+                if not record.start <= boundary < record.end or record.peer_id == before_id:
+                    continue
+                hop_s = (_client_rtt_s(rtts_s, record.peer_id) if before is None else _hop_rtt_s(before, record)) / 2
+                for piece_end in range(boundary + 1, min(record.end, end) + 1):
+                    cost = cost_so_far + hop_s + piece_cost_s(record, piece_end - boundary, 0.0)
+                    if piece_end == end:
+                        cost += _client_rtt_s(rtts_s, record.peer_id) / 2  # the last server answers the client
+                    state = (piece_end, record.peer_id)
+                    if cost < best_cost.get(state, math.inf):
+                        best_cost[state] = cost
+                        best_piece[state] = (SpanRoute(record.peer_id, boundary, piece_end), before_id)
+    finals = [(cost, state) for state, cost in best_cost.items() if state[0] == end and state[1] is not None]
+    if not finals:
+        return None
+    cost, state = min(finals)
+    route = []
+    while state[1] is not None:
+        piece, before_id = best_piece[state]
+        route.append(piece)
+        state = (piece.start, before_id)
+    return (route[::-1], cost) if with_cost else route[::-1]
+
+
+def choose_route(
+    servers: dict[int, list[ServerRecord]], start: int, end: int, rtts_s: dict[str, float] | None = None,
+    exclude: Collection[str] = (), min_cache_tokens: int = 0, request: RequestSize = RequestSize(),
+    with_cost: bool = False,
+):
+    """The cheapest route through blocks [start, end) (with its estimated seconds per step if
+    `with_cost`), or None if some block has no usable server.
+
+    `exclude`: peer ids not to use (banned); `min_cache_tokens`: the cache room a server must
+    announce (a session's batch x max_length), or 0 for requests that keep no cache; servers
+    whose announced limits `request` exceeds are never chosen.
+    """
+    rtts_s = rtts_s or {}
+    candidates = _candidates(servers, exclude, min_cache_tokens, request)
     best_cost = {start: 0.0}
     best_piece: dict[int, SpanRoute] = {}
     for boundary in range(start, end):  # boundaries in order: every piece ends to the right of where it starts
@@ -124,7 +234,7 @@ def choose_route(
         for record in candidates.values():
             if not record.start <= boundary < record.end:
                 continue
-            rtt_s = min(rtts_s.get(record.peer_id, UNKNOWN_RTT_S), UNREACHABLE_RTT_S)
+            rtt_s = _client_rtt_s(rtts_s, record.peer_id)
             for piece_end in range(boundary + 1, min(record.end, end) + 1):
                 cost = best_cost[boundary] + piece_cost_s(record, piece_end - boundary, rtt_s)
                 if cost < best_cost.get(piece_end, math.inf):
@@ -137,4 +247,4 @@ def choose_route(
         piece = best_piece[position]
         route.append(piece)
         position = piece.start
-    return route[::-1]
+    return (route[::-1], best_cost[end]) if with_cost else route[::-1]

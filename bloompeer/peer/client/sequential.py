@@ -20,7 +20,7 @@ import torch
 from ...p2p import P2P, RemoteError
 from .config import ClientConfig
 from .retry import Refusals, on_a_route
-from .routing import RequestSize, SpanRoute
+from .routing import RequestSize, RoutePlan, SpanRoute
 from .span_session import remote_backward, remote_forward
 from .swarm import SwarmView
 
@@ -100,8 +100,8 @@ class SwarmSequential:
                            failed: RemoteError | None = None) -> tuple[SpanRoute, T]:
         """Run the first piece of the best route through [start, end), routed again on failures (retry.py)."""
 
-        async def attempt(route: list[SpanRoute]) -> tuple[SpanRoute, T]:
-            return route[0], await run(route[0])
+        async def attempt(plan: RoutePlan) -> tuple[SpanRoute, T]:
+            return plan.route[0], await run(plan.route[0])
 
         return await on_a_route(self.swarm, start, end, attempt, size, refusals,
                                 wait_s=self.config.missing_blocks_timeout_s, recovery_s=self.config.recovery_timeout_s,

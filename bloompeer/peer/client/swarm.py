@@ -18,7 +18,9 @@ from collections.abc import Collection, Mapping
 from ...p2p import P2P, BlockDirectory, ServerRecord
 from .errors import MissingBlocksError, RequestTooLargeError, block_ranges
 from .health import BanList, ping
-from .routing import RequestSize, SpanRoute, choose_route, missing_blocks, refusal_everywhere, usable_servers
+from .routing import (
+    RequestSize, RoutePlan, SpanRoute, choose_plan, missing_blocks, refusal_everywhere, usable_servers,
+)
 
 __all__ = ["SwarmView"]
 
@@ -75,11 +77,18 @@ class SwarmView:
     async def route(self, start: int = 0, end: int | None = None, min_cache_tokens: int = 0,
                     timeout_s: float = 60.0, poll_period_s: float = 1.0, request: RequestSize = RequestSize(),
                     refusals: Mapping[str, str] = {}) -> list[SpanRoute]:
-        """The fastest route through blocks [start, end) for `request`, waiting (with a message) while
-        some block has no usable server, up to `timeout_s`; at once RequestTooLargeError if the
-        request is over the limits of every server of some block, as their records announce them
-        or as they answered. `refusals`: peers not to use for this request only (they refused it),
-        with why."""
+        """The fastest route through blocks [start, end) for `request`, a round trip per server;
+        see plan()."""
+        return (await self.plan(start, end, min_cache_tokens, timeout_s, poll_period_s, request, refusals)).route
+
+    async def plan(self, start: int = 0, end: int | None = None, min_cache_tokens: int = 0,
+                   timeout_s: float = 60.0, poll_period_s: float = 1.0, request: RequestSize = RequestSize(),
+                   refusals: Mapping[str, str] = {}, push: bool | None = False) -> RoutePlan:
+        """The fastest route through blocks [start, end) for `request`, without push, with push, or
+        (push None) whichever is faster by enough; waiting (with a message) while some block has no
+        usable server, up to `timeout_s`; at once RequestTooLargeError if the request is over the
+        limits of every server of some block, as their records announce them or as they answered.
+        `refusals`: peers not to use for this request only (they refused it), with why."""
         end = self.num_blocks if end is None else end
         started = time.monotonic()
         announced_missing = None
@@ -91,11 +100,13 @@ class SwarmView:
             if refusal is not None:
                 raise RequestTooLargeError(self.model_uid, refusal)
             banned = self.bans.banned() | set(refusals)
-            route = choose_route(self.servers, start, end, self.rtts_s, banned, min_cache_tokens, request)
-            if route is not None:
-                logger.info("Route for blocks %d:%d: %s", start, end,
-                            " -> ".join(f"{r.peer_id_str[-8:]}[{r.start}:{r.end}]" for r in route))
-                return route
+            plan = choose_plan(self.servers, start, end, self.rtts_s, banned, min_cache_tokens, request, push)
+            if plan is not None:
+                logger.info("Route for blocks %d:%d%s: %s (about %.0f ms a step)", start, end,
+                            ", pushed" if plan.push else "",
+                            " -> ".join(f"{r.peer_id_str[-8:]}[{r.start}:{r.end}]" for r in plan.route),
+                            1000 * plan.cost_s)
+                return plan
             # no gap but no route: every block has a server, but not enough of them have cache room
             missing = missing_blocks(self.servers, start, end, banned) or list(range(start, end))
             waited_s = time.monotonic() - started

@@ -30,6 +30,7 @@ from .handlers import handle_forward_stream, handle_inference_stream, handle_inf
 from .memory import CacheBudget, default_cache_bytes
 from .metrics import LiveState, MetricsEndpoint, ServerMetrics
 from .push import PushSender
+from .push_rtts import PushRtts
 from .reachability import join_network
 from .scheduler import Scheduler
 from .sessions import SessionRegistry
@@ -40,6 +41,7 @@ __all__ = ["Server"]
 logger = logging.getLogger(__name__)
 
 RECORD_LIFETIME_PERIODS = 3
+NEXT_HOPS_CHECK_S = 5.0  # how often the DHT is read for new servers to push to (pinged, then announced)
 
 
 class Server:
@@ -63,6 +65,7 @@ class Server:
         self.backend: SpanBackend | None = None
         self.budget: CacheBudget | None = None
         self.pusher = PushSender(node.p2p)
+        self.push_rtts = PushRtts(node.p2p, node.peer_id_str)
         self.metrics = ServerMetrics()
         self.metrics_endpoint: MetricsEndpoint | None = None  # with --metrics-port
         self.reachability, self.relayed = "reachability: not checked", False
@@ -122,6 +125,7 @@ class Server:
         self.state = ServerState.ONLINE
         await self.announce()
         self._tasks.append(asyncio.create_task(self._announce_periodically(), name="bloompeer-announcer"))
+        self._tasks.append(asyncio.create_task(self._measure_next_hops(num_blocks), name="bloompeer-next-hops"))
 
     def _start_serving(self, span: BlockSpan) -> None:
         """Cache budget, sessions, scheduler and the backend that checks requests for them."""
@@ -157,6 +161,7 @@ class Server:
             throughput=self.throughput, cache_tokens_left=self.budget.tokens_left if self.budget else 0,
             dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint, relayed=self.relayed,
             limits=RequestLimits(self.config.max_batch, self.config.max_length, self.config.max_step_tokens),
+            push_rtts_s=self.push_rtts.announced(),
         )
 
     async def announce(self) -> bool:
@@ -171,6 +176,17 @@ class Server:
         while True:
             await asyncio.sleep(self.config.announce_period_s)
             await self.announce()
+
+    async def _measure_next_hops(self, num_blocks: int) -> None:
+        """Keep round trips to the servers we could push to fresh; announce at once when the set changes."""
+        while True:
+            try:
+                servers = await self.node.directory.find_servers(self.model_uid, num_blocks)
+                if await self.push_rtts.refresh(servers, self.start, self.end) and self.state is ServerState.ONLINE:
+                    await self.announce()
+            except Exception:
+                logger.warning("Could not measure the round trips to the next servers", exc_info=True)
+            await asyncio.sleep(NEXT_HOPS_CHECK_S)
 
     async def drain(self, timeout_s: float) -> None:
         """Take no new sessions, tell the open ones to move (their next step is refused), and wait
