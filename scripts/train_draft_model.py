@@ -63,8 +63,8 @@ def parse_args(argv=None):
     parser.add_argument("--init", choices=["target", "random"], default="target",
                         help="target: start from the target's embeddings, first blocks and final layer norm")
     parser.add_argument("--context", type=int, default=256, help="training sequence length in tokens")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step")
-    parser.add_argument("--steps", type=int, default=800, help="optimizer steps")
+    parser.add_argument("--batch-size", type=int, default=4, help="sequences per optimizer step")
+    parser.add_argument("--steps", type=int, default=500, help="optimizer steps")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     parser.add_argument("--warmup", type=int, default=30, help="linear warmup steps before the cosine decay")
     parser.add_argument("--min-lr-ratio", type=float, default=0.1, help="final LR as a fraction of the peak")
@@ -73,9 +73,9 @@ def parse_args(argv=None):
     parser.add_argument("--hard-weight", type=float, default=0.5,
                         help="loss = (1 - w) * KL(target || draft) + w * cross-entropy to the target's argmax")
     parser.add_argument("--log-every", type=int, default=20, help="print the train loss every N steps")
-    parser.add_argument("--eval-every", type=int, default=150,
+    parser.add_argument("--eval-every", type=int, default=100,
                         help="print agreement with the target on part of the validation split every N steps")
-    parser.add_argument("--save-every", type=int, default=150, help="save the draft every N steps")
+    parser.add_argument("--save-every", type=int, default=100, help="save the draft every N steps")
     parser.add_argument("--max-minutes", type=float, default=35.0,
                         help="stop the training loop after this many minutes and save (0: no limit)")
     parser.add_argument("--num-assistant-tokens", type=int, default=6,
