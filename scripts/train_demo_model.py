@@ -524,6 +524,13 @@ Weights rounded to {args.save_dtype} (as saved), computed in float32:
 Samples from the prompt "Once upon a time" (40 new tokens):
 
 {sample_lines}
+
+## Draft model
+
+`draft/` holds a small draft of this model for speculative decoding through the swarm
+(`bloompeer generate --draft-model demo`), distilled from it by `scripts/train_draft_model.py`;
+its card, `draft/README.md`, gives its size, how often the demo model accepts its proposals, and
+the speed-up. Retrain it whenever this model is retrained.
 """
     (output / "README.md").write_text(card, encoding="utf-8")
 

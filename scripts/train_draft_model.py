@@ -19,7 +19,8 @@ BloomForCausalLM.from_pretrained and bloompeer.blocks.open_checkpoint) every --s
 so a run stopped early leaves a usable draft, and when --max-minutes of training have passed the
 loop stops and saves what it has. generation_config.json carries the assisted-generation settings
 (num_assistant_tokens and its schedule) that benchmarks/draft_acceptance.py found best; transformers
-reads them from the assistant's generation config.
+reads them from the assistant's generation config. The model card, draft/README.md, is written by
+hand from this script's output and that benchmark's.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ import argparse
 import contextlib
 import logging
 import sys
+from pathlib import Path
 
-from .default_model import DEMO_MODEL_DIR
+from .default_model import DEMO_DRAFT_MODEL_DIR, DEMO_MODEL_DIR
 from .flags import fraction, initial_peers, model_argument, positive_int
 
 __all__ = ["add_generate_parser", "run_generate"]
@@ -42,9 +43,10 @@ def add_generate_parser(commands, add_network_flags) -> None:
     speculative = generate.add_argument_group(
         "speculative decoding (fewer trips through the swarm per token; the same tokens as without)")
     speculative = speculative.add_mutually_exclusive_group()
-    speculative.add_argument("--draft-model", metavar="PATH", default=None, type=model_argument,
+    speculative.add_argument("--draft-model", metavar="PATH", default=None, type=_draft_model_argument,
                              help="a small local model with the same tokenizer proposes tokens, the swarm checks "
-                                  "them all in one pass (transformers' assisted generation)")
+                                  "them all in one pass (transformers' assisted generation); 'demo': the draft "
+                                  "bundled with the demo model")
     speculative.add_argument("--prompt-lookup", metavar="K", type=positive_int, default=None,
                              help="propose up to K tokens by looking up the text so far (no draft model needed)")
     trust = generate.add_argument_group("trust")
@@ -71,6 +73,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     try:
         sampling = _sampling_kwargs(args)
+        _check_draft_model(args)
         with contextlib.ExitStack() as stack:
             model_path = args.model
             peers = initial_peers(args)
@@ -128,6 +131,18 @@ def _generate(args: argparse.Namespace, model_path: str, initial_peers: tuple[st
         with torch.inference_mode():
             model.generate(**inputs, max_new_tokens=args.max_new_tokens, streamer=streamer,
                            pad_token_id=tokenizer.pad_token_id, **sampling, **speculation)
+
+
+def _draft_model_argument(text: str) -> str:
+    """--draft-model: 'demo' names the bundled demo model's draft; anything else is what --model takes."""
+    return str(DEMO_DRAFT_MODEL_DIR) if text == "demo" else model_argument(text)
+
+
+def _check_draft_model(args: argparse.Namespace) -> None:
+    """Before any swarm starts: the bundled draft proposes tokens of the demo model's tokenizer only."""
+    if args.draft_model == str(DEMO_DRAFT_MODEL_DIR) and Path(args.model).resolve() != DEMO_MODEL_DIR:
+        raise ValueError(f"--draft-model demo is the demo model's draft and has its tokenizer, not that of "
+                         f"{args.model}; give --draft-model a small model with the tokenizer of {args.model}")
 
 
 def _speculation_kwargs(args: argparse.Namespace) -> dict:
