@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -165,6 +166,33 @@ def pick_heldout(paragraphs: list[str], min_chars: int = 2100, max_chars: int = 
     if not ends:
         raise RuntimeError("no sentence end in the held-out window")
     return text[:ends[-1]] + "\n"
+
+
+@dataclass(frozen=True)
+class CorpusSplit:
+    """The six novels as paragraphs, split into training and validation text (one doc per novel)."""
+    train_docs: list[str]
+    val_docs: list[str]
+    val_paragraphs: dict[str, list[str]]
+    info: dict[str, str]
+    sha256: str
+
+
+def load_corpus_split(rscript: str, val_fraction: float) -> CorpusSplit:
+    """Steps 1-2, shared with scripts/train_draft_model.py so that a draft trains on the same split."""
+    raw, corpus_info = read_corpus(rscript)
+    corpus_sha = hashlib.sha256("\n".join("\n".join(raw[n]) for n in NOVELS).encode()).hexdigest()
+    train_docs, val_docs, val_paragraphs = [], [], {}
+    for name in NOVELS:
+        train_p, val_p = split_novel(paragraphs_of(raw[name]), val_fraction)
+        train_docs.append("\n".join(train_p))
+        val_docs.append("\n".join(val_p))
+        val_paragraphs[name] = val_p
+    log(f"corpus: {CORPUS_PACKAGE} {corpus_info['debian_version']} (R package {CORPUS_R_PACKAGE} "
+        f"{corpus_info['r_package_version']}, {corpus_info['r_library_path']}), sha256 {corpus_sha[:16]}")
+    log(f"split: train {sum(map(len, train_docs)):,} chars, validation {sum(map(len, val_docs)):,} chars "
+        f"(last {val_fraction:.0%} of each of {len(NOVELS)} novels)")
+    return CorpusSplit(train_docs, val_docs, val_paragraphs, corpus_info, corpus_sha)
 
 
 def train_tokenizer(train_docs: list[str], vocab_size: int, output: Path):
@@ -300,18 +328,9 @@ def main(argv=None) -> None:
     torch.manual_seed(args.seed)
 
     # 1-2. Corpus and split.
-    raw, corpus_info = read_corpus(args.rscript)
-    corpus_sha = hashlib.sha256("\n".join("\n".join(raw[n]) for n in NOVELS).encode()).hexdigest()
-    train_docs, val_docs, val_paragraphs = [], [], {}
-    for name in NOVELS:
-        train_p, val_p = split_novel(paragraphs_of(raw[name]), args.val_fraction)
-        train_docs.append("\n".join(train_p))
-        val_docs.append("\n".join(val_p))
-        val_paragraphs[name] = val_p
-    log(f"corpus: {CORPUS_PACKAGE} {corpus_info['debian_version']} (R package {CORPUS_R_PACKAGE} "
-        f"{corpus_info['r_package_version']}, {corpus_info['r_library_path']}), sha256 {corpus_sha[:16]}")
-    log(f"split: train {sum(map(len, train_docs)):,} chars, validation {sum(map(len, val_docs)):,} chars "
-        f"(last {args.val_fraction:.0%} of each of {len(NOVELS)} novels)")
+    corpus = load_corpus_split(args.rscript, args.val_fraction)
+    train_docs, val_docs, val_paragraphs = corpus.train_docs, corpus.val_docs, corpus.val_paragraphs
+    corpus_info, corpus_sha = corpus.info, corpus.sha256
 
     output: Path = args.output
     output.mkdir(parents=True, exist_ok=True)
@@ -505,6 +524,13 @@ Weights rounded to {args.save_dtype} (as saved), computed in float32:
 Samples from the prompt "Once upon a time" (40 new tokens):
 
 {sample_lines}
+
+## Draft model
+
+`draft/` holds a small draft of this model for speculative decoding through the swarm
+(`bloompeer generate --draft-model demo`), distilled from it by `scripts/train_draft_model.py`;
+its card, `draft/README.md`, gives its size, how often the demo model accepts its proposals, and
+the speed-up. Retrain it whenever this model is retrained.
 """
     (output / "README.md").write_text(card, encoding="utf-8")
 

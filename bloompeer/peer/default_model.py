@@ -1,7 +1,9 @@
 """Models that need no download: the bundled demo model, and random-weight checkpoints.
 
 The demo model (bloompeer/demo_model, trained by scripts/train_demo_model.py on Jane Austen's
-novels) is what `generate`, `serve` and `status` use when no --model is given. Random-weight
+novels) is what `generate`, `serve` and `status` use when no --model is given; its draft model
+(bloompeer/demo_model/draft, distilled from it by scripts/train_draft_model.py) is what
+`generate --draft-model demo` uses for speculative decoding. Random-weight
 checkpoints of any size, with a byte-level tokenizer, are for tests and benchmarks.
 """
 
@@ -9,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["DEMO_MODEL_DIR", "write_byte_tokenizer", "write_random_checkpoint"]
+__all__ = ["DEMO_DRAFT_MODEL_DIR", "DEMO_MODEL_DIR", "write_byte_tokenizer", "write_random_checkpoint"]
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "demo_model"
+DEMO_DRAFT_MODEL_DIR = DEMO_MODEL_DIR / "draft"
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 
 

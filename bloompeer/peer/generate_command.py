@@ -6,8 +6,10 @@ import argparse
 import contextlib
 import logging
 import sys
+from pathlib import Path
 
 from .arguments import model_argument, positive_float, positive_int, probability
+from .default_model import DEMO_DRAFT_MODEL_DIR, DEMO_MODEL_DIR
 from .flags import add_client_flags, add_model_flag, client_config, initial_peers
 from .local_swarm import start_local_swarm
 
@@ -39,9 +41,10 @@ def add_parser(commands) -> None:
     speculative = generate.add_argument_group(
         "speculative decoding (fewer trips through the swarm per token; the same tokens as without)")
     speculative = speculative.add_mutually_exclusive_group()
-    speculative.add_argument("--draft-model", metavar="PATH", default=None, type=model_argument,
+    speculative.add_argument("--draft-model", metavar="PATH", default=None, type=_draft_model_argument,
                              help="a small local model with the same tokenizer proposes tokens, the swarm checks "
-                                  "them all in one pass (transformers' assisted generation)")
+                                  "them all in one pass (transformers' assisted generation); 'demo': the draft "
+                                  "bundled with the demo model")
     speculative.add_argument("--prompt-lookup", metavar="K", type=positive_int, default=None,
                              help="propose up to K tokens by looking up the text so far (no draft model needed)")
     add_client_flags(generate)
@@ -59,6 +62,7 @@ def _sampling_kwargs(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     sampling = _sampling_kwargs(args)
+    _check_draft_model(args)
     try:
         with contextlib.ExitStack() as stack:
             peers = initial_peers(args) or start_local_swarm(args.model, stack)
@@ -93,6 +97,18 @@ def _generate(args: argparse.Namespace, peers: tuple[str, ...], sampling: dict) 
         with torch.inference_mode():
             model.generate(**inputs, max_new_tokens=args.max_new_tokens, streamer=streamer,
                            pad_token_id=tokenizer.pad_token_id, **sampling, **speculation)
+
+
+def _draft_model_argument(text: str) -> str:
+    """--draft-model: 'demo' names the bundled demo model's draft; anything else is what --model takes."""
+    return str(DEMO_DRAFT_MODEL_DIR) if text == "demo" else model_argument(text)
+
+
+def _check_draft_model(args: argparse.Namespace) -> None:
+    """Before any swarm starts: the bundled draft proposes tokens of the demo model's tokenizer only."""
+    if args.draft_model == str(DEMO_DRAFT_MODEL_DIR) and Path(args.model).resolve() != DEMO_MODEL_DIR:
+        raise ValueError(f"--draft-model demo is the demo model's draft and has its tokenizer, not that of "
+                         f"{args.model}; give --draft-model a small model with the tokenizer of {args.model}")
 
 
 def _speculation_kwargs(args: argparse.Namespace) -> dict:
