@@ -89,14 +89,14 @@ def test_the_draft_ships_as_package_data():
     assert files <= shipped, f"not in setup.cfg's package_data: {sorted(f.name for f in files - shipped)}"
 
 
-def test_generate_draft_model_demo_is_the_bundled_draft_and_only_for_the_demo_model(tmp_path, caplog):
+def test_generate_draft_model_demo_is_the_bundled_draft_and_only_for_the_demo_model(tmp_path):
+    from bloompeer.peer import generate_command
     from bloompeer.peer.cli import build_parser
     from bloompeer.peer.default_model import write_random_checkpoint
-    from bloompeer.peer.generate_command import run_generate
 
     args = build_parser().parse_args(["generate", "x", "--draft-model", "demo"])
     assert Path(args.draft_model) == DEMO_DRAFT_MODEL_DIR
     other = write_random_checkpoint(tmp_path / "other")
     args = build_parser().parse_args(["generate", "x", "--model", str(other), "--draft-model", "demo"])
-    assert run_generate(args) == 1  # refused before any swarm starts
-    assert "--draft-model demo is the demo model's draft" in caplog.text
+    with pytest.raises(ValueError, match="--draft-model demo is the demo model's draft"):
+        generate_command.run(args)  # refused before any swarm starts
