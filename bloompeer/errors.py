@@ -23,7 +23,8 @@ rules). Everything else is an end state the user reads.
     │                                     `.code` is the error frame we answer with; the client's stream
     │                                     layer turns one in a server's reply into a PeerMisbehavedError
     ├── MissingBlocksError        client/ no usable server for some blocks, even after waiting: start one
-    └── NetworkError              p2p/    this peer could not join the network
+    ├── NetworkError              p2p/    this peer could not join the network
+    └── ProcessFailed             peer/   a local swarm's peer process exited or stayed silent at start
 
 A caller branches on the class, never on text: the one route/retry loop of the client
 (`peer/client/retry.py`) lets RequestError through, re-routes on PeerUnavailableError (banning the
