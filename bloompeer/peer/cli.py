@@ -55,6 +55,9 @@ def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--throughput", type=float, default=None, metavar="TOKENS_PER_S",
                        help="announce this decode throughput (tokens/s through one block) instead of measuring it "
                             "at start (measured once per model, device and dtype, then kept in the cache directory)")
+    group.add_argument("--quick-throughput", action="store_true",
+                       help="estimate the throughput from a few steps and keep it nowhere (for a swarm that lives "
+                            "for one command; `generate` starts its local swarm so)")
     group.add_argument("--drain-timeout", type=float, default=defaults.drain_timeout_s, metavar="SECONDS",
                        help="on SIGTERM or Ctrl-C, how long open sessions get to move elsewhere before the server "
                             f"exits ({defaults.drain_timeout_s:.0f}); a second signal exits at once")
@@ -86,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "with --announce-maddrs.")
     dht.add_argument("--maddrs-file", metavar="FILE", default=None,
                      help="also write the multiaddrs to FILE once the peer is up (for scripts and containers)")
-    add_network_flags(dht, "/ip4/0.0.0.0/tcp/0")
+    add_network_flags(dht, "/ip4/0.0.0.0/tcp/0").add_argument(
+        "--no-relay", action="store_true", help="do not relay for peers behind NAT (e.g. a swarm on one machine)")
 
     serve = commands.add_parser("serve", help="serve a range of a model's blocks to the swarm",
                                 description="Load blocks A..B-1 of a BLOOM model and serve them to the swarm until "
@@ -106,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="do not relay traffic for peers behind NAT (by default a directly reachable server "
                               "relays for them, up to 16 GiB and 24 h per connection). A server that cannot be "
                               "reached itself is served through its --initial-peers in any case")
+    network.add_argument("--no-reachability-check", action="store_true",
+                         help="do not ask a peer to dial this server back (a swarm on one machine, where every peer "
+                              "can reach every other)")
     monitoring = serve.add_argument_group("monitoring")
     monitoring.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                             help="serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (tokens computed, "
@@ -147,7 +154,7 @@ async def _reachable_first(node) -> list[str]:
 async def run_dht(args: argparse.Namespace) -> int:
     from ..p2p import PeerNode
 
-    node = await PeerNode.create(network_config(args, relay_for_others=True))
+    node = await PeerNode.create(network_config(args, relay_for_others=not args.no_relay))
     try:
         maddrs = await _reachable_first(node)
         for maddr in maddrs:
@@ -173,7 +180,8 @@ async def run_serve(args: argparse.Namespace) -> int:
         max_batch_tokens=args.max_batch_tokens, max_batch_sessions=args.max_batch_sessions,
         max_step_tokens=args.max_step_tokens, max_length=args.max_length, max_batch=args.max_batch,
         max_sessions_per_peer=args.max_sessions_per_peer, max_frame_bytes=int(args.max_frame_mb * 2**20),
-        throughput=args.throughput, drain_timeout_s=args.drain_timeout,
+        throughput=args.throughput, quick_throughput=args.quick_throughput,
+        check_reachability=not args.no_reachability_check, drain_timeout_s=args.drain_timeout,
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
     )
     stop = _signal_event()
@@ -224,7 +232,7 @@ def _configure_logging(verbose: bool) -> None:
 
     use_hivemind_log_handler("nowhere")
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+                        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if not verbose:
         logging.getLogger("hivemind").setLevel(logging.WARNING)
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import sys
+from collections.abc import Callable
 
 from .default_model import DEMO_MODEL_DIR
 from .flags import fraction, initial_peers, model_argument, positive_int
@@ -36,6 +38,8 @@ def add_generate_parser(commands, add_network_flags) -> None:
     sampling.add_argument("--seed", type=int, default=None, help="random seed, for reproducible sampling")
     generate.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                           help="how long to wait for servers of missing blocks before giving up (60)")
+    generate.add_argument("--swarm-logs", metavar="DIR", default=None,
+                          help="with no --initial-peers: keep the local swarm's logs in DIR (a file per peer)")
     generate.add_argument("--push", action="store_true",
                           help="have each server pass its output straight to the next one (one trip along the chain "
                                "per token instead of a round trip per server; pays off when servers are far apart)")
@@ -73,10 +77,11 @@ def run_generate(args: argparse.Namespace) -> int:
         sampling = _sampling_kwargs(args)
         with contextlib.ExitStack() as stack:
             model_path = args.model
-            peers = initial_peers(args)
+            peers, swarm_ready = initial_peers(args), None
             if not peers:
-                peers = _start_local_swarm(model_path, stack)
-            _generate(args, model_path, peers, sampling)
+                swarm = _start_local_swarm(model_path, stack, args.swarm_logs)
+                peers, swarm_ready = tuple(swarm.initial_peers), swarm.wait_online
+            _generate(args, model_path, peers, sampling, swarm_ready)
         return 0
     except KeyboardInterrupt:
         print(file=sys.stderr)
@@ -85,21 +90,27 @@ def run_generate(args: argparse.Namespace) -> int:
     except (BloompeerError, ValueError, OSError) as exc:
         logger.error("%s", exc)
         return 1
+    finally:
+        # At exit the interpreter would walk and finalize every object that torch and transformers
+        # made (seconds on 2 cores, for memory the OS takes back anyway); frozen ones it leaves alone.
+        gc.freeze()
 
 
-def _start_local_swarm(model_path: str, stack: contextlib.ExitStack) -> tuple[str, ...]:
-    from ..blocks import open_checkpoint
-    from .local_swarm import LocalSwarm, split_blocks
+def _start_local_swarm(model_path: str, stack: contextlib.ExitStack, log_dir: str | None):
+    """A bootstrap peer up and servers starting (LocalSwarm.wait_online waits for them)."""
+    from .local_swarm import ONE_COMMAND_SWARM, LocalSwarm, model_num_blocks, split_blocks
 
-    num_blocks = open_checkpoint(model_path).config().n_layer
-    spans = split_blocks(num_blocks, 2)
+    spans = split_blocks(model_num_blocks(model_path), 2)
     logger.info("No --initial-peers given: starting a local swarm (a bootstrap peer and servers for blocks %s)",
                 ", ".join(f"{start}:{end}" for start, end in spans))
-    swarm = stack.enter_context(LocalSwarm(model_path, spans))
-    return tuple(swarm.initial_peers)
+    swarm = LocalSwarm(model_path, spans, log_dir=log_dir, config=ONE_COMMAND_SWARM)
+    stack.callback(swarm.stop)
+    return swarm.start(wait_online=False)
 
 
-def _generate(args: argparse.Namespace, model_path: str, initial_peers: tuple[str, ...], sampling: dict) -> None:
+def _generate(args: argparse.Namespace, model_path: str, initial_peers: tuple[str, ...], sampling: dict,
+              swarm_ready: Callable[[], object] | None) -> None:
+    """swarm_ready: waits for a local swarm's servers; the client gets ready meanwhile."""
     import torch
     from transformers import AutoTokenizer, TextStreamer
 
@@ -122,6 +133,8 @@ def _generate(args: argparse.Namespace, model_path: str, initial_peers: tuple[st
         max_length += draft_overshoot(args.prompt_lookup)
     with DistributedBloomForCausalLM.from_pretrained(model_path, client_config=config) as model, \
             model.inference_session(max_length) as session:
+        if swarm_ready is not None:
+            swarm_ready()
         model.swarm.runtime.run(session.open(batch=1))  # the route (logged) before the text starts
         print(args.prompt, end="", flush=True)
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
