@@ -8,7 +8,9 @@ directory (no measured throughput, no identities). It prints when each phase end
   - the local swarm's logs (generate --swarm-logs, where the version has it): when the bootstrap
     peer and each server were up, and the seconds of each step of a server's start, as the
     server's "Started in" line gives them;
-beside the floor measured in the same run: a bare `python -c "import torch, transformers"`.
+beside the floor measured in the same run: a bare `python -c "import torch, transformers"`; and
+the CPU seconds that the command and all its processes used (on a shared machine, wall-clock
+figures are as much the other jobs' as ours).
 
     python benchmarks/first_run.py                       # 3 runs of this checkout
     python benchmarks/first_run.py --compare /tmp/old    # alternating with another checkout
@@ -24,6 +26,7 @@ import argparse
 import datetime
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -49,6 +52,7 @@ class Run:
     server_steps: list[dict[str, float]] = field(default_factory=list)  # each server's start, step -> seconds
     stdout: str = ""
     returncode: int | None = None
+    cpu_s: float = float("nan")  # user + system seconds of the command and every process under it
 
 
 def _fresh_env(pythonpath: Path, home: Path) -> dict[str, str]:
@@ -62,6 +66,12 @@ def _supports_swarm_logs(pythonpath: Path) -> bool:
         result = subprocess.run([sys.executable, "-m", "bloompeer", "generate", "--help"], capture_output=True,
                                 text=True, env=_fresh_env(pythonpath, Path(home)), cwd=home)
     return "--swarm-logs" in result.stdout
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's ended children and, as each reaped its own, of theirs."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _log_seconds(line: str, started_wall: float) -> float | None:
@@ -83,6 +93,7 @@ def run_once(pythonpath: Path, prompt: str, swarm_logs: bool) -> Run:
         command = [sys.executable, "-m", "bloompeer", "generate", prompt]
         if swarm_logs:
             command += ["--swarm-logs", str(logs)]
+        cpu_before = _children_cpu_s()
         started_wall, started = time.time(), time.monotonic()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    env=_fresh_env(pythonpath, home), cwd=tmp)
@@ -102,6 +113,7 @@ def run_once(pythonpath: Path, prompt: str, swarm_logs: bool) -> Run:
             reader.start()
         run.returncode = process.wait()
         run.events["exit"] = time.monotonic() - started
+        run.cpu_s = _children_cpu_s() - cpu_before
         for reader in readers:
             reader.join()
         run.stdout = b"".join(chunk for _, chunk in chunks).decode(errors="replace")
@@ -185,6 +197,7 @@ def report(name: str, runs: list[Run], floors: list[float], loads: list[str]) ->
         print("  (a server's steps: not in this version's logs)")
     print(f"  {'FIRST TOKEN':<50}{at('first token'):8.2f}")
     print(f"  {'TOTAL':<50}{at('exit'):8.2f}")
+    print(f"  {'CPU seconds, all its processes together':<50}{_median([run.cpu_s for run in runs]):8.2f}")
     floor = 'floor: python -c "import torch, transformers"'
     print(f"  {floor:<50}{_median(floors):8.2f}")
 
