@@ -75,7 +75,7 @@ def test_generate_without_peers_runs_a_local_swarm_and_leaves_nothing(tmp_path):
                   env={"BLOOMPEER_CACHE": str(cache), MARKER_ENV: marker})
     assert result.returncode == 0, result.stderr
     server_logs = [path.read_text() for path in sorted(logs.glob("server*.log"))]
-    assert len(server_logs) == 2 and all("(a quick estimate, not kept)" in log for log in server_logs)
+    assert len(server_logs) == 2 and all("(--quick-throughput: not kept)" in log for log in server_logs)
     assert all("Started in" in log and "reachability check" not in log for log in server_logs)
     assert not (cache / "throughput.json").exists()
     tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL_DIR)

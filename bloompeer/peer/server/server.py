@@ -130,6 +130,7 @@ class Server:
         self.startup.lap("blocks and announcing joining")
         if not self.throughput:
             self.throughput = await self._measure_throughput(span)
+        logger.info("Throughput: %.1f tokens/s per block", self.throughput)
         self.startup.lap("throughput")
         self._start_serving(span)
         self.startup.lap("attention cache")
@@ -154,11 +155,14 @@ class Server:
         config, dtype = self.config, getattr(torch, self.config.dtype)
         key = f"{self.fingerprint}|{config.device}|{config.dtype}|{torch.__version__}"
         steps = QUICK_STEPS if config.quick_throughput else MEASURE_STEPS
-        measure = functools.partial(measure_throughput, span, config.device, dtype, steps)
-        throughput = await self.compute.run(cached_throughput, key, measure, not config.quick_throughput, rows=1)
-        logger.info("Throughput: %.1f tokens/s per block%s", throughput,
-                    " (a quick estimate, not kept)" if config.quick_throughput else "")
-        return throughput
+
+        def measure() -> float:
+            throughput = measure_throughput(span, config.device, dtype, steps)
+            if config.quick_throughput:
+                logger.info("Estimated the throughput in %d steps (--quick-throughput: not kept)", steps)
+            return throughput
+
+        return await self.compute.run(cached_throughput, key, measure, not config.quick_throughput, rows=1)
 
     def _start_serving(self, span: BlockSpan) -> None:
         """Cache budget, sessions, scheduler and the backend that checks requests for them."""
