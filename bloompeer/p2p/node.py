@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Awaitable
 
 from hivemind.dht.node import DHTNode
@@ -37,6 +38,7 @@ class NetworkError(BloompeerError):
 class PeerNode:
     def __init__(self, p2p: P2P, dht: DHTNode, directory: BlockDirectory):
         self.p2p, self.dht, self.directory = p2p, dht, directory
+        self.join_seconds: dict[str, float] = {}  # how long each step of create() took, for startup logs
         self._closed = False
 
     @classmethod
@@ -47,6 +49,7 @@ class PeerNode:
         if announcing and identity_path is None:
             temporary = tempfile.TemporaryDirectory(prefix="bloompeer-identity-")
             identity_path = os.path.join(temporary.name, "identity.key")  # created by P2P.create
+        started = time.monotonic()
         try:
             p2p = await start_daemon(config.initial_peers, config.host_maddrs, config.announce_maddrs, identity_path,
                                      config.client_mode, config.relay_for_others, config.relays)
@@ -54,6 +57,7 @@ class PeerNode:
             raise NetworkError(f"could not start the libp2p daemon: {exc}") from exc
         except (ValueError, RuntimeError) as exc:
             raise NetworkError(f"bad network settings: {exc}") from exc
+        daemon_up = time.monotonic()
         try:
             if not config.client_mode:
                 await serve_dialback(p2p)
@@ -73,7 +77,9 @@ class PeerNode:
         finally:
             if temporary is not None:
                 temporary.cleanup()
-        return cls(p2p, dht, BlockDirectory(dht, subkey, config.dht_timeout_s))
+        node = cls(p2p, dht, BlockDirectory(dht, subkey, config.dht_timeout_s))
+        node.join_seconds = {"libp2p daemon": daemon_up - started, "DHT": time.monotonic() - daemon_up}
+        return node
 
     @property
     def peer_id_str(self) -> str:

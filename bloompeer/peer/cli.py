@@ -73,7 +73,7 @@ def _configure_logging(verbose: bool) -> None:
 
     use_hivemind_log_handler("nowhere")
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+                        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if not verbose:
         logging.getLogger("hivemind").setLevel(logging.WARNING)
 

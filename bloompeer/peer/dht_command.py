@@ -23,7 +23,8 @@ def add_parser(commands) -> None:
                                           "with --announce-maddrs.")
     dht.add_argument("--maddrs-file", metavar="FILE", default=None,
                      help="also write the multiaddrs to FILE once the peer is up (for scripts and containers)")
-    add_network_flags(dht, "/ip4/0.0.0.0/tcp/0")
+    add_network_flags(dht, "/ip4/0.0.0.0/tcp/0").add_argument(
+        "--no-relay", action="store_true", help="do not relay for peers behind NAT (e.g. a swarm on one machine)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace) -> int:
     from ..p2p import PeerNode
 
-    node = await PeerNode.create(network_config(args, relay_for_others=True))
+    node = await PeerNode.create(network_config(args, relay_for_others=not args.no_relay))
     try:
         maddrs = await reachable_first(node)
         for maddr in maddrs:

@@ -103,6 +103,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--throughput", type=positive_float, default=None, metavar="TOKENS_PER_S",
                        help="announce this decode throughput (tokens/s through one block) instead of measuring it "
                             "at start (measured once per model, device and dtype, then kept in the cache directory)")
+    group.add_argument("--quick-throughput", action="store_true",
+                       help="estimate the throughput from a few steps and keep it nowhere (for a swarm that lives "
+                            "for one command; `generate` starts its local swarm so)")
     group.add_argument("--drain-timeout", type=non_negative_float, default=defaults.drain_timeout_s, metavar="SECONDS",
                        help="on SIGTERM or Ctrl-C, how long open sessions get to move elsewhere before the server "
                             f"exits ({defaults.drain_timeout_s:.0f}); a second signal exits at once")
@@ -111,6 +114,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                          help="do not relay traffic for peers behind NAT (by default a directly reachable server "
                               "relays for them, up to 16 GiB and 24 h per connection). A server that cannot be "
                               "reached itself is served through its --initial-peers in any case")
+    network.add_argument("--no-reachability-check", action="store_true",
+                         help="do not ask a peer to dial this server back (a swarm on one machine, where every peer "
+                              "can reach every other)")
     monitoring = parser.add_argument_group("monitoring")
     monitoring.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                             help="serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (tokens computed, "
@@ -132,7 +138,8 @@ def server_config(args: argparse.Namespace):
         max_batch_tokens=args.max_batch_tokens, max_batch_sessions=args.max_batch_sessions,
         max_step_tokens=args.max_step_tokens, max_length=args.max_length, max_batch=args.max_batch,
         max_sessions_per_peer=args.max_sessions_per_peer, max_frame_bytes=int(args.max_frame_mb * 2**20),
-        throughput=args.throughput, drain_timeout_s=args.drain_timeout,
+        throughput=args.throughput, quick_throughput=args.quick_throughput,
+        check_reachability=not args.no_reachability_check, drain_timeout_s=args.drain_timeout,
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
     )
 

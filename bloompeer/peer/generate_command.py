@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .arguments import model_argument, positive_float, positive_int, probability
@@ -38,6 +40,8 @@ def add_parser(commands) -> None:
     sampling.add_argument("--top-p", type=probability, default=None, metavar="P",
                           help="sample from the smallest set of tokens with probability >= P")
     sampling.add_argument("--seed", type=int, default=None, help="random seed, for reproducible sampling")
+    generate.add_argument("--swarm-logs", metavar="DIR", default=None,
+                          help="with no --initial-peers: keep the local swarm's logs in DIR (a file per peer)")
     speculative = generate.add_argument_group(
         "speculative decoding (fewer trips through the swarm per token; the same tokens as without)")
     speculative = speculative.add_mutually_exclusive_group()
@@ -65,16 +69,25 @@ def run(args: argparse.Namespace) -> int:
     _check_draft_model(args)
     try:
         with contextlib.ExitStack() as stack:
-            peers = initial_peers(args) or start_local_swarm(args.model, stack)
-            _generate(args, peers, sampling)
+            peers, swarm_ready = initial_peers(args), None
+            if not peers:
+                swarm = start_local_swarm(args.model, stack, args.swarm_logs, wait_online=False)
+                peers, swarm_ready = tuple(swarm.initial_peers), swarm.wait_online
+            _generate(args, peers, sampling, swarm_ready)
         return 0
     except KeyboardInterrupt:
         print(file=sys.stderr)
         logger.info("Interrupted")
         return 130
+    finally:
+        # At exit the interpreter would walk and finalize every object that torch and transformers
+        # made (seconds on 2 cores, for memory the OS takes back anyway); frozen ones it leaves alone.
+        gc.freeze()
 
 
-def _generate(args: argparse.Namespace, peers: tuple[str, ...], sampling: dict) -> None:
+def _generate(args: argparse.Namespace, peers: tuple[str, ...], sampling: dict,
+              swarm_ready: Callable[[], object] | None) -> None:
+    """swarm_ready: waits for a local swarm's servers; the client gets ready meanwhile."""
     import torch
     from transformers import AutoTokenizer, TextStreamer
 
@@ -91,6 +104,8 @@ def _generate(args: argparse.Namespace, peers: tuple[str, ...], sampling: dict) 
         max_length += draft_overshoot(args.prompt_lookup)
     with DistributedBloomForCausalLM.from_pretrained(model_path, client_config=client_config(args, peers)) as model, \
             model.inference_session(max_length) as session:
+        if swarm_ready is not None:
+            swarm_ready()
         model.client.runtime.run(session.open(batch=1))  # the route (logged) before the text starts
         print(args.prompt, end="", flush=True)
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)

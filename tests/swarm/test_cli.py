@@ -66,11 +66,18 @@ def test_generate_waits_for_missing_blocks_then_fails_clearly(swarm, tiny_checkp
 
 
 def test_generate_without_peers_runs_a_local_swarm_and_leaves_nothing(tmp_path):
-    """The README's main command: the bundled demo model, through a local swarm, then nothing left."""
+    """The README's main command: the bundled demo model, through a local swarm, then nothing left.
+    The swarm takes the shortcuts of a swarm for one command (local_swarm.ONE_COMMAND_SWARM): its
+    servers only estimate their throughput, and keep no such estimate for later runs."""
     marker = uuid.uuid4().hex
-    result = _run(["generate", "Once upon a time", "--max-new-tokens", "24"],
-                  env={"BLOOMPEER_CACHE": str(tmp_path), MARKER_ENV: marker})
+    cache, logs = tmp_path / "cache", tmp_path / "logs"
+    result = _run(["generate", "Once upon a time", "--max-new-tokens", "24", "--swarm-logs", str(logs)],
+                  env={"BLOOMPEER_CACHE": str(cache), MARKER_ENV: marker})
     assert result.returncode == 0, result.stderr
+    server_logs = [path.read_text() for path in sorted(logs.glob("server*.log"))]
+    assert len(server_logs) == 2 and all("(--quick-throughput: not kept)" in log for log in server_logs)
+    assert all("Started in" in log and "reachability check" not in log for log in server_logs)
+    assert not (cache / "throughput.json").exists()
     tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL_DIR)
     reference = BloomForCausalLM.from_pretrained(DEMO_MODEL_DIR, dtype=torch.float32).eval()
     ids = tokenizer("Once upon a time", return_tensors="pt").input_ids

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         with contextlib.ExitStack() as stack:
-            peers = initial_peers(args) or start_local_swarm(args.model, stack)
+            peers = initial_peers(args) or tuple(start_local_swarm(args.model, stack).initial_peers)
             app = _build_app(args, peers, stack)
             _serve(app, args.host, args.port)
         return 0

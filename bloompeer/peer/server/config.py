@@ -30,6 +30,8 @@ class ServerConfig:
     max_length: int = 8192  # tokens per session (prompt and generated)
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # larger frames are refused unread
     throughput: float | None = None  # announced decode tokens/s through one block (None: measure once, cached)
+    quick_throughput: bool = False  # measure it in a few steps and keep it nowhere (a swarm for one command)
+    check_reachability: bool = True  # ask a peer to dial us back (False: a swarm on one machine, where all can)
     drain_timeout_s: float = 5.0  # on SIGTERM, how long open sessions get to move before the server exits
     choice_delay_s: float = 2.0  # --num-blocks waits up to this long (random) so that peers starting together differ
     metrics_port: int | None = None  # serve Prometheus metrics at http://metrics_host:PORT/metrics (0: any free port)

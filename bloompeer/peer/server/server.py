@@ -34,14 +34,39 @@ from .push_rtts import PushRtts
 from .reachability import join_network
 from .scheduler import Scheduler
 from .sessions import SessionRegistry
-from .throughput import cached_throughput, measure_throughput
+from .throughput import MEASURE_STEPS, QUICK_STEPS, cached_throughput, measure_throughput
 
-__all__ = ["Server"]
+__all__ = ["Server", "StartupClock"]
 
 logger = logging.getLogger(__name__)
 
 RECORD_LIFETIME_PERIODS = 3
 NEXT_HOPS_CHECK_S = 5.0  # how often the DHT is read for new servers to push to (pinged, then announced)
+
+
+class StartupClock:
+    """Seconds spent on each step of a server's start, logged in one line once it is online: where
+    a slow start went (the benchmarks read it too)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._started = self._last = time.monotonic()
+
+    def add_network(self, started: float, node_seconds: dict[str, float], checked_reachability: bool) -> None:
+        """Joining the network: the node's own steps, and the reachability check (the rest of it)."""
+        self._started, self._last = started, time.monotonic()
+        self.seconds.update(node_seconds)
+        if checked_reachability:
+            self.seconds["reachability check"] = max(0.0, self._last - started - sum(node_seconds.values()))
+
+    def lap(self, step: str) -> None:
+        now = time.monotonic()
+        self.seconds[step] = self.seconds.get(step, 0.0) + now - self._last
+        self._last = now
+
+    def __str__(self) -> str:
+        steps = ", ".join(f"{step} {seconds:.2f} s" for step, seconds in self.seconds.items())
+        return f"{self._last - self._started:.2f} s: {steps}"
 
 
 class Server:
@@ -71,6 +96,7 @@ class Server:
         self.reachability, self.relayed = "reachability: not checked", False
         self._tasks: list[asyncio.Task] = []  # announcer, scheduler, idle-session reaper
         self._handlers: list[str] = []
+        self.startup = StartupClock()
 
     @classmethod
     async def create(cls, config: ServerConfig) -> Server:
@@ -83,14 +109,21 @@ class Server:
         if config.start is None and not 0 < config.num_blocks <= num_blocks:
             raise ValueError(f"--num-blocks {config.num_blocks} is not between 1 and {checkpoint.model_uid}'s "
                              f"{num_blocks} blocks")
-        node, reachability, relayed = await join_network(config.network)
+        joining = time.monotonic()
+        if config.check_reachability:
+            node, reachability, relayed = await join_network(config.network)
+        else:
+            node, relayed = await PeerNode.create(config.network, announcing=True), False
+            reachability = "reachability: not checked (--no-reachability-check)"
         server = cls(config, checkpoint, node, ComputeWorker(config.device))
         server.reachability, server.relayed = reachability, relayed
+        server.startup.add_network(joining, node.join_seconds, config.check_reachability)
         try:
             await server._start(num_blocks)
         except BaseException:
             await server.shutdown()
             raise
+        logger.info("Started in %s", server.startup)
         return server
 
     async def _start(self, num_blocks: int) -> None:
@@ -102,16 +135,18 @@ class Server:
             servers = await self.node.directory.find_servers(self.model_uid, num_blocks)
             self.start, self.end = choose_blocks(servers, num_blocks, self.config.num_blocks)
             logger.info("Chose blocks %d:%d, where the swarm is weakest", self.start, self.end)
-        await self.announce()
         load = functools.partial(BlockSpan.from_checkpoint, self.checkpoint, self.start, self.end,
                                  getattr(torch, self.config.dtype), self.config.device)
-        span = await self.compute.run(load)  # keeps the loop (and the DHT node) responsive while loading
+        # loading in the compute thread keeps the loop (and the DHT node) responsive, and announcing
+        # "joining" meanwhile costs no time
+        span, _ = await asyncio.gather(self.compute.run(load), self.announce())
+        self.startup.lap("blocks and announcing joining")
         if not self.throughput:
-            key = f"{self.fingerprint}|{self.config.device}|{self.config.dtype}|{torch.__version__}"
-            measure = functools.partial(measure_throughput, span, self.config.device, getattr(torch, self.config.dtype))
-            self.throughput = await self.compute.run(cached_throughput, key, measure, rows=1)
+            self.throughput = await self._measure_throughput(span)
         logger.info("Throughput: %.1f tokens/s per block", self.throughput)
+        self.startup.lap("throughput")
         self._start_serving(span)
+        self.startup.lap("attention cache")
         handlers = {
             INFERENCE_PROTOCOL: functools.partial(handle_inference_stream, self.backend, self.pusher),
             PUSH_PROTOCOL: functools.partial(handle_push_stream, self.backend, self.pusher),
@@ -124,8 +159,24 @@ class Server:
             self._handlers.append(name)
         self.state = ServerState.ONLINE
         await self.announce()
+        self.startup.lap("announce")
         self._tasks.append(asyncio.create_task(self._announce_periodically(), name="bloompeer-announcer"))
         self._tasks.append(asyncio.create_task(self._measure_next_hops(num_blocks), name="bloompeer-next-hops"))
+
+    async def _measure_throughput(self, span: BlockSpan) -> float:
+        """Measured once per model, device, dtype and torch version, then read from the cache; a quick
+        estimate is only for this run."""
+        config, dtype = self.config, getattr(torch, self.config.dtype)
+        key = f"{self.fingerprint}|{config.device}|{config.dtype}|{torch.__version__}"
+        steps = QUICK_STEPS if config.quick_throughput else MEASURE_STEPS
+
+        def measure() -> float:
+            throughput = measure_throughput(span, config.device, dtype, steps)
+            if config.quick_throughput:
+                logger.info("Estimated the throughput in %d steps (--quick-throughput: not kept)", steps)
+            return throughput
+
+        return await self.compute.run(cached_throughput, key, measure, not config.quick_throughput, rows=1)
 
     def _start_serving(self, span: BlockSpan) -> None:
         """Cache budget, sessions, scheduler and the backend that checks requests for them."""

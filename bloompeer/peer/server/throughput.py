@@ -3,6 +3,8 @@ find where the swarm is weakest.
 
 Throughput is tokens per second through one block during decoding (batch 1, one token per
 step, with a cache), measured once after loading and kept on disk per model, device and dtype.
+A quick estimate (a few steps, for a swarm that lives for one command) is never kept: it would
+stand for a real measurement in later runs.
 """
 
 from __future__ import annotations
@@ -16,30 +18,33 @@ import torch
 from ...blocks import BlockSpan, SessionCache
 from ..paths import cache_dir
 
-__all__ = ["measure_throughput", "cached_throughput"]
+__all__ = ["MEASURE_STEPS", "QUICK_STEPS", "measure_throughput", "cached_throughput"]
 
 logger = logging.getLogger(__name__)
 
 MEASURE_STEPS = 16
+QUICK_STEPS = 2
+WARM_UP_STEPS = 2  # the first steps warm up kernels and allocators
 
 
-def measure_throughput(span: BlockSpan, device: str, dtype: torch.dtype) -> float:
+def measure_throughput(span: BlockSpan, device: str, dtype: torch.dtype, steps: int = MEASURE_STEPS) -> float:
     """Decode steps through the whole span: tokens/s through one block."""
-    cache = SessionCache(span.config, span.start, span.end, 1, MEASURE_STEPS + 2, dtype, device)
+    warm_up = min(WARM_UP_STEPS, steps)
+    cache = SessionCache(span.config, span.start, span.end, 1, steps + warm_up, dtype, device)
     hidden = torch.randn(1, 1, span.config.hidden_size, dtype=dtype, device=device)
     with torch.inference_mode():
-        for position in range(MEASURE_STEPS + 2):
-            if position == 2:  # the first steps warm up kernels and allocators
+        for position in range(steps + warm_up):
+            if position == warm_up:
                 started = time.perf_counter()
             span(hidden, cache.begin_step(position, None, 1), cache)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
-    seconds_per_block = (time.perf_counter() - started) / MEASURE_STEPS / span.num_blocks
+    seconds_per_block = (time.perf_counter() - started) / steps / span.num_blocks
     return 1.0 / seconds_per_block
 
 
-def cached_throughput(key: str, measure) -> float:
-    """The throughput stored under `key`, or `measure()` (then stored)."""
+def cached_throughput(key: str, measure, keep: bool = True) -> float:
+    """The throughput stored under `key`, or `measure()` (then stored, if `keep`)."""
     path = cache_dir() / "throughput.json"
     try:
         known = json.loads(path.read_text())
@@ -48,6 +53,8 @@ def cached_throughput(key: str, measure) -> float:
     if isinstance(known.get(key), (int, float)):
         return float(known[key])
     throughput = measure()
+    if not keep:
+        return throughput
     known[key] = throughput
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
