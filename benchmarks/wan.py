@@ -243,28 +243,43 @@ def speculative_rows(args: argparse.Namespace, path: Path, target: BloomForCausa
     return rows
 
 
-def print_table(rows: list[Row], default: Row, args: argparse.Namespace, rtt_floor_s: float) -> None:
-    ms = lambda s: f"{1000 * s:.1f}"  # noqa: E731
-    print(f"\n| row | step ms, median (min-max) | floor ms | ratio | ms/token | tokens/s | vs default "
-          f"| acceptance | first token ms (ratio) | exact |")
+def _ms(seconds: float) -> str:
+    return f"{1000 * seconds:.1f}"
+
+
+def _row_line(row: Row, default_per_token_s: float | None, rtt_floor_s: float) -> str:
+    """One table line; '-' where a row has no such figure (all its tokens came in one pass)."""
+    name = f"{row.name}, {row.note}" if row.note else row.name
+    step = per_token = "-"
+    ratio = speed = relative = "-"
+    if row.steps_s:
+        median = statistics.median(row.steps_s)
+        step = f"{_ms(median)} ({_ms(min(row.steps_s))}-{_ms(max(row.steps_s))})"
+        ratio = f"{median / row.floor_s:.2f}" if row.floor_s else "-"
+    if row.per_token_s:
+        per_token_s = statistics.median(row.per_token_s)
+        per_token, speed = _ms(per_token_s), f"{1 / per_token_s:.1f}"
+        relative = f"{default_per_token_s / per_token_s:.2f}x" if default_per_token_s else "-"
+    acceptance = f"{row.accepted / row.proposed:.0%} ({row.accepted}/{row.proposed})" \
+        if row.speculative and row.proposed else "-"
+    ttft = statistics.median(row.ttft_s)
+    ttft_floor = rtt_floor_s + row.floor_s  # sessions open (one round trip, in parallel), then the prompt's step
+    ttft_ratio = f" ({ttft / ttft_floor:.2f})" if ttft_floor else ""
+    return (f"| {name} | {step} | {_ms(row.floor_s)} | {ratio} | {per_token} | {speed} | {relative} | {acceptance} "
+            f"| {_ms(ttft)}{ttft_ratio} | {'yes' if row.exact else 'NO'} |")
+
+
+def print_table(rows: list[Row], default: Row, rtt_floor_s: float) -> None:
+    print("\n| row | step ms, median (min-max) | floor ms | ratio | ms/token | tokens/s | vs default "
+          "| acceptance | first token ms (ratio) | exact |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    default_per_token = statistics.median(default.per_token_s)
+    default_per_token_s = statistics.median(default.per_token_s) if default.per_token_s else None
     for row in rows:
-        step = statistics.median(row.steps_s)
-        per_token = statistics.median(row.per_token_s)
-        ttft = statistics.median(row.ttft_s)
-        ttft_floor = rtt_floor_s + row.floor_s  # sessions open (one round trip, in parallel), then the prompt
-        acceptance = f"{row.accepted / row.proposed:.0%} ({row.accepted}/{row.proposed})" if row.speculative \
-            and row.proposed else "-"
-        name = f"{row.name}, {row.note}" if row.note else row.name
-        ratio = f"{step / row.floor_s:.2f}" if row.floor_s else "-"
-        ttft_ratio = f" ({ttft / ttft_floor:.2f})" if ttft_floor else ""
-        print(f"| {name} | {ms(step)} ({ms(min(row.steps_s))}-{ms(max(row.steps_s))}) | {ms(row.floor_s)} "
-              f"| {ratio} | {ms(per_token)} | {1 / per_token:.1f} | {default_per_token / per_token:.2f}x "
-              f"| {acceptance} | {ms(ttft)}{ttft_ratio} | {'yes' if row.exact else 'NO'} |")
+        print(_row_line(row, default_per_token_s, rtt_floor_s))
     print("\nstep: time between token arrivals (a verify pass for speculative rows), floors for a step through "
           "the swarm; ms/token: generate() time after the first token per token after it; ratio: step / floor; "
-          "first token floor: one round trip (sessions open) + the row's step floor")
+          "first token floor: one round trip (sessions open) + the row's step floor; acceptance: of the draft "
+          "tokens checked after the first pass (the prompt's)")
 
 
 def run(args: argparse.Namespace, path: Path, log_dir: Path) -> None:
@@ -310,7 +325,7 @@ def run(args: argparse.Namespace, path: Path, log_dir: Path) -> None:
     print(f"server-to-server bytes through the proxies: {pushed_bytes}")
     if n > 1 and pushed_bytes == 0:
         sys.exit("FAILED: no server-to-server traffic went through the proxies: pushes bypassed the delays")
-    print_table([no_push, push, default, *(row for row, _ in spec)], default, args, 2 * delay_s)
+    print_table([no_push, push, default, *(row for row, _ in spec)], default, 2 * delay_s)
     print(f"floors: a round trip per server {1000 * rtt_floor_s:.0f} ms; pushed along the chain "
           f"{1000 * push_floor_s:.0f} ms; load average at the end {os.getloadavg()[0]:.2f}")
 

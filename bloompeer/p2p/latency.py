@@ -30,8 +30,9 @@ async def ping(p2p: P2P, peer_id_str: str, timeout_s: float) -> float:
     if await _ping_once(p2p, peer_id_str, timeout_s) == float("inf"):
         return float("inf")
     rtts = []
-    for _ in range(PINGS):
-        await asyncio.sleep(PING_INTERVAL_S)
+    for attempt in range(PINGS):
+        if attempt:
+            await asyncio.sleep(PING_INTERVAL_S)
         rtts.append(await _ping_once(p2p, peer_id_str, timeout_s))
         if rtts[-1] == float("inf"):
             break

@@ -18,12 +18,20 @@ PROMPT = (torch.arange(512) % 250 + 4).unsqueeze(0)  # a prefill of 512 x 64 flo
 NEW_TOKENS = 8
 
 
-def _bytes_from_to(proxies: ProxyThread, ports: list[int]) -> int:
-    """Bytes from the peer listening on ports[0] to the one on ports[1], through the proxy of either:
-    on a connection the first dialed (to the second's proxy), or one the second dialed (a libp2p
-    daemon dials out from its listening port)."""
-    (first, second), (proxy_of_first, proxy_of_second) = ports, proxies.proxies
-    return proxy_of_second.counts.up[first] + proxy_of_first.counts.down[second]
+def _bytes_from_to(proxies: ProxyThread, ports: list[int], client_port: int) -> int:
+    """Bytes from the server listening on ports[0] (A) to the one on ports[1] (B), through the proxy
+    of either: into B's proxy on connections anyone but the client dialed (A, from its listening
+    port, or from another if that one was taken; a little DHT traffic of others), and out of A's
+    proxy on connections anyone but the client dialed (B's, if B dialed A)."""
+    _, (proxy_of_a, proxy_of_b) = ports, proxies.proxies
+    into_b = sum(n for port, n in proxy_of_b.counts.up.items() if port != client_port)
+    out_of_a = sum(n for port, n in proxy_of_a.counts.down.items() if port != client_port)
+    return into_b + out_of_a
+
+
+def _listening_port(model) -> int:
+    maddr = model.swarm.runtime.run(model.swarm.node.visible_maddrs())[0]  # /ip4/127.0.0.1/tcp/PORT/p2p/...
+    return int(maddr.split("/tcp/")[1].split("/")[0])
 
 
 def test_pushed_steps_cross_the_delayed_links(swarm, fresh_model, reference_model):
@@ -43,11 +51,13 @@ def test_pushed_steps_cross_the_delayed_links(swarm, fresh_model, reference_mode
             with torch.inference_mode():
                 expected = reference_model.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=False).tolist()
             with swarm_client(swarm, fresh_model, push=True, request_timeout_s=10.0) as model:
-                before = _bytes_from_to(proxies, listen_ports)
+                client_port = _listening_port(model)  # its daemon dials out from there
+                before = _bytes_from_to(proxies, listen_ports, client_port)
                 with model.inference_session(PROMPT.shape[1] + NEW_TOKENS) as session, torch.inference_mode():
                     tokens = model.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=False).tolist()
                     assert session.push and len(session.route) == 2
-                after = _bytes_from_to(proxies, listen_ports)
+                after = _bytes_from_to(proxies, listen_ports, client_port)
+                counts = [(dict(proxy.counts.up), dict(proxy.counts.down)) for proxy in proxies.proxies]
         finally:
             for server in servers:  # all told first: they stop in parallel
                 server.signal(signal.SIGTERM)
@@ -59,4 +69,5 @@ def test_pushed_steps_cross_the_delayed_links(swarm, fresh_model, reference_mode
     between_servers = after - before
     assert between_servers >= pushed, (
         f"only {between_servers} bytes went between the servers through the proxies, less than the {pushed} "
-        f"pushed: the servers reached each other some other way")
+        f"pushed: the servers reached each other some other way (servers on {listen_ports}, the client on "
+        f"{client_port}; bytes (up, down) by dialer port, per proxy: {counts})")
