@@ -224,8 +224,12 @@ class LocalSwarm:
 
     def start(self, wait_online: bool = True) -> LocalSwarm:
         """Start the bootstrap peer (and wait for it), then the servers; wait for them too unless told not
-        to (then call wait_online)."""
-        fork = self.config.fork
+        to (then call wait_online). Forking needs a process without other threads (see forked_cli.py);
+        with any running, the peers start as new processes instead."""
+        fork = self.config.fork and threading.active_count() == 1
+        if self.config.fork and not fork:
+            logger.debug("Other threads run here (%s): starting the peers as new processes, not forks",
+                         ", ".join(thread.name for thread in threading.enumerate()))
         try:
             deadline = time.monotonic() + self.start_timeout_s
             self.bootstrap = PeerProcess("bootstrap", ["dht", "--host-maddrs", LOOPBACK, *self.config.bootstrap_args()],
