@@ -151,7 +151,7 @@ def measure(path: Path, swarm: LocalSwarm, push: bool | None, rows: list[tuple[R
 def chooses_push(model, prompt: torch.Tensor) -> bool:
     """Whether a session of this client pushes, as its route choice decides."""
     with model.inference_session(prompt.shape[1] + 2) as session:
-        model.swarm.runtime.run(session.open(batch=1))
+        model.client.runtime.run(session.open(batch=1))
         return bool(session.push)
 
 
@@ -160,9 +160,9 @@ def check_proxied(model, servers: list[PeerProcess], delay_s: float) -> None:
     between them, took at least 2 D: proof that libp2p dialed the proxies."""
     rtts = {}
     for server in servers:
-        model.swarm.runtime.run(ping(model.swarm.node.p2p, server.peer_id_str, 10.0))  # connection set up
-        rtts[server.name] = model.swarm.runtime.run(ping(model.swarm.node.p2p, server.peer_id_str, 10.0))
-    announced = {(record.peer_id, peer): rtt for records in model.swarm.swarm.servers.values() for record in records
+        model.client.runtime.run(ping(model.client.node.p2p, server.peer_id_str, 10.0))  # connection set up
+        rtts[server.name] = model.client.runtime.run(ping(model.client.node.p2p, server.peer_id_str, 10.0))
+    announced = {(record.peer_id, peer): rtt for records in model.client.swarm.servers.values() for record in records
                  for peer, rtt in record.push_rtts_s}
     too_fast = {name: rtt for name, rtt in rtts.items() if rtt < 2 * delay_s * RTT_SLACK}
     too_fast |= {f"{a[-6:]}->{b[-6:]}": rtt for (a, b), rtt in announced.items() if rtt < 2 * delay_s * RTT_SLACK}
@@ -180,8 +180,8 @@ def wait_for_push_rtts(model, servers: list[PeerProcess], timeout_s: float = 60.
     come a few seconds after they are online)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        model.swarm.runtime.run(model.swarm.swarm.refresh())
-        records = {r.peer_id: r for rs in model.swarm.swarm.servers.values() for r in rs}
+        model.client.runtime.run(model.client.swarm.refresh())
+        records = {r.peer_id: r for rs in model.client.swarm.servers.values() for r in rs}
         missing = [(a.peer_id, b.peer_id) for a in records.values() for b in records.values()
                    if b.start == a.end and a.push_rtt_s(b.peer_id) is None]
         if len(records) == len(servers) and not missing:

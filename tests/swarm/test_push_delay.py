@@ -30,7 +30,7 @@ def _bytes_from_to(proxies: ProxyThread, ports: list[int], client_port: int) -> 
 
 
 def _listening_port(model) -> int:
-    maddr = model.swarm.runtime.run(model.swarm.node.visible_maddrs())[0]  # /ip4/127.0.0.1/tcp/PORT/p2p/...
+    maddr = model.client.runtime.run(model.client.node.visible_maddrs())[0]  # /ip4/127.0.0.1/tcp/PORT/p2p/...
     return int(maddr.split("/tcp/")[1].split("/")[0])
 
 
