@@ -1,8 +1,8 @@
 """A contiguous range of BLOOM blocks: what one server computes, for one request or many at once.
 
-The weights live in transformers' own BloomBlock modules. The forward is written out here, op
-for op as HF's BloomBlock computes it (same kernels, same order, so one request alone gives
-bitwise HF results), because a server batches the steps of different sessions: the linear
+The weights live in layers.py's modules, named as in a checkpoint. The forward is written out
+here, op for op as HF's BloomBlock computes it (same kernels, same order, so one request alone
+gives bitwise HF results), because a server batches the steps of different sessions: the linear
 layers, which read all the weights, run once on every session's rows together, while attention
 runs per session against that session's own cache, length and padding.
 """
@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import BloomConfig
-from transformers.models.bloom.modeling_bloom import BloomBlock, build_alibi_tensor
 
 from .checkpoint import Checkpoint, block_prefix
 from .kv_cache import SessionCache
+from .layers import BlockLayers, alibi_bias, bloom_gelu
 
 __all__ = ["BlockSpan", "Segment", "attention_bias"]
 
@@ -71,7 +71,7 @@ class _Attention:
         if mask is None:
             mask = torch.ones(batch, num_new, dtype=torch.bool, device=segment.hidden.device)
         self.batch, self.num_new, self.cache = batch, num_new, segment.cache
-        self.alibi = build_alibi_tensor(mask.long(), num_heads, dtype)  # [batch * heads, 1, kv_length]
+        self.alibi = alibi_bias(mask.long(), num_heads, dtype)  # [batch * heads, 1, kv_length]
         self.bias = attention_bias(mask, num_new, dtype)  # [batch, 1, num_new, kv_length]
 
 
@@ -86,7 +86,7 @@ class BlockSpan(nn.Module):
             raise NotImplementedError("BLOOM configs with slow_but_exact=True are not supported")
         self.config, self.start, self.end = config, start, end
         self.num_heads, self.head_dim = config.n_head, config.hidden_size // config.n_head
-        self.blocks = nn.ModuleList(BloomBlock(config, layer_idx=i) for i in range(start, end))
+        self.blocks = nn.ModuleList(BlockLayers(config, layer_idx=i) for i in range(start, end))
 
     @classmethod
     def from_checkpoint(
@@ -136,7 +136,7 @@ class BlockSpan(nn.Module):
             return [hidden]
         return [part.view_as(segment.hidden) for part, segment in zip(hidden.split(rows), segments)]
 
-    def _block(self, block: BloomBlock, hidden: torch.Tensor, attention: list[_Attention],
+    def _block(self, block: BlockLayers, hidden: torch.Tensor, attention: list[_Attention],
                rows: list[int]) -> torch.Tensor:
         """BloomBlock.forward, with attention done segment by segment. hidden: [rows..., hidden]."""
         post_layernorm = self.config.apply_residual_connection_post_layernorm
@@ -153,7 +153,7 @@ class BlockSpan(nn.Module):
         layernorm_output = block.post_attention_layernorm(attention_output)
         residual = layernorm_output if post_layernorm else attention_output
         mlp = block.mlp
-        return residual + mlp.dense_4h_to_h(mlp.gelu_impl(mlp.dense_h_to_4h(layernorm_output)))
+        return residual + mlp.dense_4h_to_h(bloom_gelu(mlp.dense_h_to_4h(layernorm_output)))
 
     def _attend(self, attn, fused_qkv: torch.Tensor, segment: _Attention) -> torch.Tensor:
         """BloomAttention's core for one segment: [batch * num_new, 3 * hidden] -> [batch, num_new, hidden]."""

@@ -141,3 +141,38 @@ def test_batched_segments_equal_separate_requests(spans, tiny_checkpoint):
     batched = span.forward_segments(segments)
     for one, many in zip(separate, batched):
         torch.testing.assert_close(many, one, rtol=0, atol=1e-5)
+
+
+def test_layers_hold_the_parameters_of_hfs_block(tiny_checkpoint):
+    from transformers.models.bloom.modeling_bloom import BloomBlock
+
+    from bloompeer.blocks.layers import BlockLayers
+
+    config = open_checkpoint(tiny_checkpoint).config()
+    ours = {name: tuple(p.shape) for name, p in BlockLayers(config, 0).named_parameters()}
+    theirs = {name: tuple(p.shape) for name, p in BloomBlock(config, layer_idx=0).named_parameters()}
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("num_heads", [1, 2, 3, 5, 8, 12, 16, 20])
+def test_alibi_bias_is_hfs_to_the_bit(num_heads):
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    from bloompeer.blocks.layers import alibi_bias
+
+    for dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(alibi_bias(MASK, num_heads, dtype), build_alibi_tensor(MASK, num_heads, dtype))
+
+
+def test_gelu_is_hfs_to_the_bit_and_its_gradient_too():
+    from transformers.models.bloom.modeling_bloom import BloomGelu
+
+    from bloompeer.blocks.layers import bloom_gelu
+
+    torch.manual_seed(0)
+    x = (torch.randn(4096) * 4).requires_grad_()
+    grad = torch.randn(4096)
+    ours, theirs = bloom_gelu(x), BloomGelu()(x)
+    assert torch.equal(ours, theirs)
+    (our_grad,), (their_grad,) = torch.autograd.grad(ours, x, grad), torch.autograd.grad(theirs, x, grad)
+    torch.testing.assert_close(our_grad, their_grad, rtol=1e-6, atol=1e-7)
