@@ -14,7 +14,7 @@ import torch
 from transformers import BloomForCausalLM
 
 from bloompeer.peer.default_model import write_random_checkpoint
-from bloompeer.peer.local_swarm import LocalSwarm
+from bloompeer.peer.local_swarm import LocalSwarm, stop_in_parallel
 
 TINY_BLOCKS = 4
 
@@ -63,5 +63,4 @@ def start_servers(swarm, fresh_model):
         return servers
 
     yield start
-    for server in started:
-        server.stop()
+    stop_in_parallel(started)

@@ -9,6 +9,7 @@ and an exit code (the traceback only with --verbose). Results go to stdout (mult
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -57,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the one place every error becomes a line and an exit code
         _report(exc, args.verbose)
         return 1
+    finally:
+        # At exit the interpreter would walk and finalize every object that torch and transformers
+        # made (a second or more on 2 cores, for memory the OS takes back anyway); frozen ones it
+        # leaves alone. The command has released its threads, daemon and files by now.
+        gc.freeze()
 
 
 def _report(exc: Exception, verbose: bool) -> None:

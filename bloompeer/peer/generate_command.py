@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import logging
 import sys
 from collections.abc import Callable
@@ -79,10 +78,6 @@ def run(args: argparse.Namespace) -> int:
         print(file=sys.stderr)
         logger.info("Interrupted")
         return 130
-    finally:
-        # At exit the interpreter would walk and finalize every object that torch and transformers
-        # made (seconds on 2 cores, for memory the OS takes back anyway); frozen ones it leaves alone.
-        gc.freeze()
 
 
 def _generate(args: argparse.Namespace, peers: tuple[str, ...], sampling: dict,

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 CLI = [sys.executable, "-m", "bloompeer"]
 
@@ -12,6 +13,13 @@ def _status(model, swarm, *extra) -> str:
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def _json_and_table(model, swarm) -> tuple[dict, str]:
+    """`status --json` and `status`, run at the same time (each is a new process that joins the DHT)."""
+    with ThreadPoolExecutor(2) as pool:
+        as_json, table = pool.map(lambda extra: _status(model, swarm, *extra), [("--json",), ()])
+    return json.loads(as_json), table
 
 
 def _states(data: dict) -> dict[int, list[tuple[str, str]]]:
@@ -28,20 +36,18 @@ def _server_rows(table: str) -> dict[str, list[str]]:
 def test_status_shows_who_serves_what_and_a_server_gone(swarm, fresh_model, start_servers):
     first, second = start_servers([(0, 3), (2, 4)])
     a, b = first.peer_id_str, second.peer_id_str
-    data = json.loads(_status(fresh_model, swarm, "--json"))
+    data, table = _json_and_table(fresh_model, swarm)
     assert (data["model"], data["num_blocks"], data["missing"]) == (fresh_model.name, 4, [])
     assert _states(data) == {0: [(a, "online")], 1: [(a, "online")], 2: sorted([(a, "online"), (b, "online")]),
                              3: [(b, "online")]}
-    table = _status(fresh_model, swarm)
     assert table.splitlines()[0] == f"{fresh_model.name}: 4 blocks" and "MISSING" not in table
     rows = _server_rows(table)
     assert rows["…" + a[-8:]][:2] == ["0:3", "online"] and rows["…" + b[-8:]][:2] == ["2:4", "online"]
     assert rows["…" + a[-8:]][-1] == "direct" and float(rows["…" + a[-8:]][2]) > 0  # measured throughput
 
     assert second.stop() == 0  # a clean stop announces the server offline on its way out
-    data = json.loads(_status(fresh_model, swarm, "--json"))
+    data, table = _json_and_table(fresh_model, swarm)
     assert data["missing"] == [3]
     assert _states(data)[3] == [(b, "offline")] and _states(data)[2] == sorted([(a, "online"), (b, "offline")])
-    table = _status(fresh_model, swarm)
     assert f"  block    3  MISSING (…{b[-8:]} offline)" in table.splitlines()
     assert _server_rows(table)["…" + b[-8:]][:2] == ["2:4", "offline"]
