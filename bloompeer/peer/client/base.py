@@ -18,7 +18,7 @@ from transformers import BloomConfig, GenerationConfig
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.models.bloom.modeling_bloom import BloomPreTrainedModel
 
-from ...blocks import CLIENT_TENSOR_PREFIXES, open_checkpoint
+from ...blocks import CLIENT_TENSOR_PREFIXES, Checkpoint, open_checkpoint
 from ...p2p import NetworkConfig
 from .config import ClientConfig
 from .inference_session import InferenceSession
@@ -173,23 +173,35 @@ class DistributedModelMixin:
         config = checkpoint.config()
         for name, value in model_kwargs.items():
             setattr(config, name, value)
-        tensors = checkpoint.load_tensors(CLIENT_TENSOR_PREFIXES, dtype, desc="embeddings and layernorms")
         if client_config is None:
             client_config = ClientConfig(network=NetworkConfig(initial_peers=tuple(initial_peers), client_mode=True))
         if verify_fraction is not None:
             client_config = dataclasses.replace(client_config, verify_fraction=verify_fraction)
         if trusted_servers is not None:
             client_config = dataclasses.replace(client_config, trusted_servers=tuple(trusted_servers))
+        connecting = SwarmClient.start_connecting(checkpoint, dtype, client_config)  # while the tensors load
+        try:
+            model = cls._with_local_tensors(checkpoint, config, dtype, tuning_mode, pre_seq_len)
+        except BaseException:
+            connecting.cancel()
+            raise
+        model.transformer.client = connecting.result()
+        return model
+
+    @classmethod
+    def _with_local_tensors(cls, checkpoint: Checkpoint, config: BloomConfig, dtype: torch.dtype, tuning_mode: str | None,
+                            pre_seq_len: int):
+        """The model with the checkpoint's embeddings, layernorms and head; prompts trainable, the rest frozen."""
+        tensors = checkpoint.load_tensors(CLIENT_TENSOR_PREFIXES, dtype, desc="embeddings and layernorms")
         model = cls(config, tuning_mode=tuning_mode, pre_seq_len=pre_seq_len)  # its own tensors are initialised
         state = {f"transformer.{name}": tensor for name, tensor in tensors.items() if not name.startswith("lm_head.")}
         unexpected = model.load_state_dict(state, strict=False).unexpected_keys
         if unexpected:
-            raise ValueError(f"{name_or_path} has tensors this model does not know: {unexpected}")
+            raise ValueError(f"{checkpoint.name_or_path} has tensors this model does not know: {unexpected}")
         model.transformer.init_prompts()
         model.tie_to_embeddings()
         if checkpoint.has_file("generation_config.json"):
             model.generation_config = GenerationConfig.from_pretrained(checkpoint.file("generation_config.json").parent)
-        model.transformer.client = SwarmClient.connect(checkpoint, dtype, client_config)
         model.transformer.requires_grad_(False)  # the model's own weights are not trained ...
         for trainable in model.trainable_modules():  # ... only prompts and heads
             trainable.requires_grad_(True)

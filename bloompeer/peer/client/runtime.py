@@ -7,6 +7,7 @@ coroutine submitted here, so streams and the DHT node live in one loop for the m
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 
 import uvloop
@@ -26,9 +27,13 @@ class ClientRuntime:
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine in the client loop and wait for its result in the calling thread."""
+        return self.submit(coroutine).result()
+
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start a coroutine in the client loop; its result comes when the caller asks for it."""
         if threading.current_thread() is self._thread:
-            raise RuntimeError("ClientRuntime.run called from its own loop; await the coroutine instead")
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+            raise RuntimeError("ClientRuntime called from its own loop; await the coroutine instead")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     def shutdown(self) -> None:
         """Cancel whatever still runs in the loop (e.g. hivemind's background tasks), then stop it."""

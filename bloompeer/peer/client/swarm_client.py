@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import logging
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -24,7 +26,7 @@ from .sequential import SwarmSequential, ThroughSwarm
 from .swarm import SwarmView
 from .verification import LocalBlocks, OutputVerifier
 
-__all__ = ["SwarmClient"]
+__all__ = ["Connecting", "SwarmClient"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +64,20 @@ class SwarmClient:
     @classmethod
     def connect(cls, checkpoint: Checkpoint, dtype: torch.dtype, config: ClientConfig) -> SwarmClient:
         """Join the swarm as a client of `checkpoint`'s model (only servers with its fingerprint are used)."""
+        return cls.start_connecting(checkpoint, dtype, config).result()
+
+    @classmethod
+    def start_connecting(cls, checkpoint: Checkpoint, dtype: torch.dtype, config: ClientConfig) -> Connecting:
+        """connect(), begun now: the network peer (a libp2p daemon and a DHT node, a good part of a
+        second) starts on the client's loop thread while the caller goes on (from_pretrained loads
+        its tensors meanwhile); the result's result() finishes it."""
         runtime = ClientRuntime()
-        try:
-            node = runtime.run(PeerNode.create(config.network))
-        except BaseException:
-            runtime.shutdown()
-            raise
+        return Connecting(runtime, runtime.submit(PeerNode.create(config.network)),
+                          lambda node: cls._joined(runtime, node, checkpoint, dtype, config))
+
+    @classmethod
+    def _joined(cls, runtime: ClientRuntime, node: PeerNode, checkpoint: Checkpoint, dtype: torch.dtype,
+                config: ClientConfig) -> SwarmClient:
         view = SwarmView(node.p2p, node.directory, checkpoint.model_uid, checkpoint.config().n_layer,
                          checkpoint.fingerprint(), config.swarm_refresh_period_s, trusted=config.trusted_servers)
         verifier = None
@@ -104,3 +114,33 @@ class SwarmClient:
         self._refresher.cancel()
         await asyncio.gather(self._refresher, return_exceptions=True)
         await self.node.shutdown()
+
+
+class Connecting:
+    """A SwarmClient on its way (SwarmClient.start_connecting): result() waits for it; cancel()
+    releases what was started, for a caller that will not need it after all."""
+
+    def __init__(self, runtime: ClientRuntime, node: concurrent.futures.Future[PeerNode],
+                 finish: Callable[[PeerNode], SwarmClient]):
+        self._runtime, self._node, self._finish = runtime, node, finish
+
+    def result(self) -> SwarmClient:
+        node = None
+        try:
+            node = self._node.result()
+            return self._finish(node)
+        except BaseException:
+            self._release(node)
+            raise
+
+    def cancel(self) -> None:
+        try:
+            node = self._node.result()
+        except BaseException:  # noqa: BLE001 - it failed to start: only the loop is left to stop
+            node = None
+        self._release(node)
+
+    def _release(self, node: PeerNode | None) -> None:
+        if node is not None:
+            self._runtime.run(node.shutdown())
+        self._runtime.shutdown()
