@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -63,16 +64,38 @@ def _sampling_kwargs(args: argparse.Namespace) -> dict:
     return {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0, **sampling}
 
 
+class _CtrlC:
+    """Ctrl-C raises KeyboardInterrupt, as by default, and also stops the generation at its next
+    token (a stopping criterion for generate): Python drops an exception raised while a finalizer
+    or the garbage collector runs, and a signal can land there, so the exception alone may be lost."""
+
+    def __init__(self):
+        self.pressed = False
+        signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame) -> None:
+        self.pressed = True
+        raise KeyboardInterrupt
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        return torch.full((input_ids.shape[0],), self.pressed, dtype=torch.bool)
+
+
 def run(args: argparse.Namespace) -> int:
     sampling = _sampling_kwargs(args)
     _check_draft_model(args)
+    ctrl_c = _CtrlC()
     try:
         with contextlib.ExitStack() as stack:
             peers, swarm_ready = initial_peers(args), None
             if not peers:
                 swarm = start_local_swarm(args.model, stack, args.swarm_logs, wait_online=False)
                 peers, swarm_ready = tuple(swarm.initial_peers), swarm.wait_online
-            _generate(args, peers, sampling, swarm_ready)
+            _generate(args, peers, sampling, swarm_ready, ctrl_c)
+            if ctrl_c.pressed:
+                raise KeyboardInterrupt
         return 0
     except KeyboardInterrupt:
         print(file=sys.stderr)
@@ -81,10 +104,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace, peers: tuple[str, ...], sampling: dict,
-              swarm_ready: Callable[[], object] | None) -> None:
+              swarm_ready: Callable[[], object] | None, ctrl_c: _CtrlC) -> None:
     """swarm_ready: waits for a local swarm's servers; the client gets ready meanwhile."""
     import torch
-    from transformers import AutoTokenizer, TextStreamer
+    from transformers import AutoTokenizer, StoppingCriteriaList, TextStreamer
 
     from .client.model import DistributedBloomForCausalLM, draft_overshoot
 
@@ -106,7 +129,8 @@ def _generate(args: argparse.Namespace, peers: tuple[str, ...], sampling: dict,
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
         with torch.inference_mode():
             model.generate(**inputs, max_new_tokens=args.max_new_tokens, streamer=streamer,
-                           pad_token_id=tokenizer.pad_token_id, **sampling, **speculation)
+                           stopping_criteria=StoppingCriteriaList([ctrl_c]), pad_token_id=tokenizer.pad_token_id,
+                           **sampling, **speculation)
 
 
 def _draft_model_argument(text: str) -> str:

@@ -23,13 +23,19 @@ async def node(swarm):
     await node.shutdown()
 
 
-async def _info(node, server) -> ServerInfo:
-    _, reader, writer = await node.p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id_str),
-                                                                  INFO_PROTOCOL)
-    try:
-        return ServerInfo.from_wire(await asyncio.wait_for(read_frame(reader), 30))
-    finally:
-        writer.close()
+async def _info(node, server, attempts: int = 3) -> ServerInfo:
+    """The server's info frame. Asked again if the stream ends unanswered: seen now and then on a
+    loaded machine, with nothing about it in the servers' logs)."""
+    for attempt in range(attempts):
+        _, reader, writer = await node.p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id_str),
+                                                                      INFO_PROTOCOL)
+        try:
+            return ServerInfo.from_wire(await asyncio.wait_for(read_frame(reader), 30))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            if attempt == attempts - 1:
+                raise
+        finally:
+            writer.close()
 
 
 async def _rooms(node, servers) -> list[tuple[int, int]]:
@@ -77,10 +83,7 @@ async def test_a_disconnect_mid_stream_frees_the_servers_caches(api, swarm, node
 
 
 async def _freed(node, servers, idle) -> bool:
-    try:
-        return await _rooms(node, servers) == idle
-    except (asyncio.IncompleteReadError, ConnectionError):  # seen once while a server was busy: ask again
-        return False
+    return await _rooms(node, servers) == idle
 
 
 async def test_a_plain_request_whose_client_gives_up_stops_too(api, swarm, node, model_id):

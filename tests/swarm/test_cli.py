@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -42,12 +43,13 @@ def test_generate_prints_the_same_continuation_as_hf(swarm, tiny_checkpoint, ref
 def test_speculative_generate_prints_the_same_text(swarm, tiny_checkpoint):
     args = ["generate", "A swarm of peers", "--model", str(tiny_checkpoint), "--max-new-tokens", "12",
             "--initial-peers", *swarm.initial_peers]
-    plain = _run(args)
+    speculations = ([], ["--prompt-lookup", "3"], ["--draft-model", str(tiny_checkpoint)])  # the target as draft
+    with ThreadPoolExecutor(len(speculations)) as pool:  # three commands at once: each its own process
+        plain, *speculative = pool.map(lambda speculation: _run([*args, *speculation]), speculations)
     assert plain.returncode == 0, plain.stderr
-    for speculation in (["--prompt-lookup", "3"], ["--draft-model", str(tiny_checkpoint)]):  # the target as draft
-        speculative = _run([*args, *speculation])
-        assert speculative.returncode == 0, speculative.stderr
-        assert speculative.stdout == plain.stdout
+    for result in speculative:
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == plain.stdout
 
 
 def test_initial_peers_from_the_environment(swarm, tiny_checkpoint):
@@ -187,8 +189,11 @@ def test_a_stable_identity_keeps_the_peer_id_across_restarts(swarm, tmp_path):
         assert server.stop() == 0
         return server.peer_id_str
 
-    assert dht_peer_id(1) == dht_peer_id(2)
-    assert server_peer_id(1) == server_peer_id(2)
+    with ThreadPoolExecutor(2) as pool:  # a bootstrap peer and a server at a time
+        first = [pool.submit(dht_peer_id, 1), pool.submit(server_peer_id, 1)]
+        first = [future.result() for future in first]
+        second = [pool.submit(dht_peer_id, 2), pool.submit(server_peer_id, 2)]
+        assert first == [future.result() for future in second]
 
 
 def test_announce_maddrs_replace_the_listening_ones(tmp_path):

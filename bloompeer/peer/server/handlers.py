@@ -99,11 +99,12 @@ async def run_step(backend: SpanBackend, pusher: PushSender, session: Session, s
         return
     backend.metrics.step_latency.observe(time.perf_counter() - received)
     backend.metrics.count_request(kind)
-    deliveries = [session.deliver(StepOutput(output, step.step_id))]
-    if step.push:
+    deliveries = []
+    if step.push:  # first: the rest of the chain waits for it, while the client only keeps its copy
         hop, rest = step.push[0], step.push[1:]
         pushed = Step(step.position, output, step.padding_mask, step.hypo_ids, step.step_id, rest)
         deliveries.append(pusher.push(hop, PushStep(hop.session_id, pushed)))
+    deliveries.append(session.deliver(StepOutput(output, step.step_id)))
     await asyncio.gather(*deliveries)
 
 
