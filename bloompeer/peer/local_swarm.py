@@ -31,7 +31,7 @@ from ..errors import BloompeerError
 
 __all__ = [
     "EXIT_WITH_PARENT_ENV", "LocalSwarm", "LocalSwarmConfig", "ONE_COMMAND_SWARM", "ProcessFailed", "PeerProcess",
-    "model_num_blocks", "split_blocks", "start_local_swarm",
+    "model_num_blocks", "split_blocks", "start_local_swarm", "stop_in_parallel",
 ]
 
 logger = logging.getLogger(__name__)
@@ -111,8 +111,8 @@ class PeerProcess:
             self.process = ForkedCli(args, self._log, env, niceness)
         else:
             nice = ["nice", "-n", str(niceness)] if niceness else []
-            self.process = subprocess.Popen([*nice, *program, *args], stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                            env={**os.environ, **env}, start_new_session=True)
+            self.process = subprocess.Popen([*nice, *program, *args], stdout=subprocess.PIPE, stderr=self._log,
+                                            text=True, env={**os.environ, **env}, start_new_session=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.online_line: str | None = None
         self.stdout: list[str] = []

@@ -124,8 +124,8 @@ def test_peer_opens_no_stream_itself():
 def test_servers_import_none_of_transformers_model_code():
     """A server needs BloomConfig, not transformers' modeling: `modeling_utils` drags in
     torch._dynamo and generation, seconds of CPU before a local swarm's servers can start."""
+    heavy = {"transformers.modeling_utils", "transformers.models.bloom.modeling_bloom", "torch._dynamo"}
     script = ("import sys; from bloompeer.peer.server import server; from bloompeer.peer import serve_command\n"
-              "print(sorted({'transformers.modeling_utils', 'transformers.models.bloom.modeling_bloom', 'torch._dynamo'}"
-              " & set(sys.modules)))")
+              f"print(sorted({heavy!r} & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", script], check=True, timeout=300, capture_output=True, text=True)
     assert result.stdout.strip() == "[]", f"a server imports {result.stdout.strip()}"

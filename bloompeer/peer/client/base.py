@@ -189,8 +189,8 @@ class DistributedModelMixin:
         return model
 
     @classmethod
-    def _with_local_tensors(cls, checkpoint: Checkpoint, config: BloomConfig, dtype: torch.dtype, tuning_mode: str | None,
-                            pre_seq_len: int):
+    def _with_local_tensors(cls, checkpoint: Checkpoint, config: BloomConfig, dtype: torch.dtype,
+                            tuning_mode: str | None, pre_seq_len: int):
         """The model with the checkpoint's embeddings, layernorms and head; prompts trainable, the rest frozen."""
         tensors = checkpoint.load_tensors(CLIENT_TENSOR_PREFIXES, dtype, desc="embeddings and layernorms")
         model = cls(config, tuning_mode=tuning_mode, pre_seq_len=pre_seq_len)  # its own tensors are initialised
