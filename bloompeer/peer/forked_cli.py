@@ -28,10 +28,9 @@ __all__ = ["ForkedCli"]
 
 
 class ForkedCli:
-    def __init__(self, args: Sequence[str], stderr: IO, env: dict[str, str], niceness: int = 0):
+    def __init__(self, args: Sequence[str], stderr: IO, env: dict[str, str]):
         """Run `bloompeer ARGS` in a child: stdout readable here as text lines, stderr into `stderr`,
-        `env` added to its environment, in a session of its own (as start_new_session=True), its
-        scheduling priority lowered by `niceness` (as `nice -n`)."""
+        `env` added to its environment, in a session of its own (as start_new_session=True)."""
         if threading.active_count() > 1:
             raise RuntimeError(f"cannot fork with other threads running: {threading.enumerate()}")
         read_end, write_end = os.pipe()
@@ -40,7 +39,7 @@ class ForkedCli:
         self.pid = os.fork()
         if self.pid == 0:
             os.close(read_end)
-            _run_in_child(args, write_end, stderr.fileno(), env, niceness)  # never returns
+            _run_in_child(args, write_end, stderr.fileno(), env)  # never returns
         os.close(write_end)
         self.stdout = os.fdopen(read_end, "r")
         self.returncode: int | None = None
@@ -67,11 +66,10 @@ class ForkedCli:
         os.close(self._pidfd)
 
 
-def _run_in_child(args: Sequence[str], stdout_fd: int, stderr_fd: int, env: dict[str, str], niceness: int) -> None:
+def _run_in_child(args: Sequence[str], stdout_fd: int, stderr_fd: int, env: dict[str, str]) -> None:
     code = 1
     try:
         os.setsid()
-        os.nice(niceness)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(stdout_fd, 1)

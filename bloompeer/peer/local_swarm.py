@@ -55,9 +55,6 @@ class LocalSwarmConfig:
     relay: bool = True  # the bootstrap peer relays for peers behind NAT (on one machine there are none)
     check_reachability: bool = True  # servers ask the bootstrap peer to dial them back (on loopback all can)
     quick_throughput: bool = False  # servers estimate their throughput in a few steps and keep it nowhere
-    # Forked peers run at this lower priority (nice), so that the command itself (the client, which
-    # has its own imports to do while they start) gets a core: it is the one a user waits for.
-    niceness: int = 0
 
     def bootstrap_args(self) -> list[str]:
         return [] if self.relay else ["--no-relay"]
@@ -69,7 +66,7 @@ class LocalSwarmConfig:
 
 # `bloompeer generate` with no swarm given (fork: where os.fork and pidfd_open are there and safe enough)
 ONE_COMMAND_SWARM = LocalSwarmConfig(fork=sys.platform == "linux", relay=False, check_reachability=False,
-                                     quick_throughput=True, niceness=10)
+                                     quick_throughput=True)
 
 
 def split_blocks(num_blocks: int, num_servers: int) -> list[tuple[int, int]]:
@@ -94,13 +91,11 @@ class PeerProcess:
     """One `bloompeer` child process, its stdout lines and its stderr log file.
 
     fork: run the CLI in a fork of this process (see forked_cli.py) instead of `program`.
-    niceness: run it at that lower priority (as `nice -n`).
     read_now=False: no thread reads stdout until start_reading() (this process may still fork);
     until then wait_for_line reads in the calling thread."""
 
     def __init__(self, name: str, args: Sequence[str], log_dir: Path, env: dict[str, str] | None = None,
-                 program: Sequence[str] = BLOOMPEER_COMMAND, fork: bool = False, read_now: bool = True,
-                 niceness: int = 0):
+                 program: Sequence[str] = BLOOMPEER_COMMAND, fork: bool = False, read_now: bool = True):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")
@@ -108,11 +103,10 @@ class PeerProcess:
         if fork:
             from .forked_cli import ForkedCli
 
-            self.process = ForkedCli(args, self._log, env, niceness)
+            self.process = ForkedCli(args, self._log, env)
         else:
-            nice = ["nice", "-n", str(niceness)] if niceness else []
-            self.process = subprocess.Popen([*nice, *program, *args], stdout=subprocess.PIPE, stderr=self._log,
-                                            text=True, env={**os.environ, **env}, start_new_session=True)
+            self.process = subprocess.Popen([*program, *args], stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                            env={**os.environ, **env}, start_new_session=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.online_line: str | None = None
         self.stdout: list[str] = []
@@ -239,7 +233,7 @@ class LocalSwarm:
         try:
             deadline = time.monotonic() + self.start_timeout_s
             self.bootstrap = PeerProcess("bootstrap", ["dht", "--host-maddrs", LOOPBACK, *self.config.bootstrap_args()],
-                                         self.log_dir, fork=fork, read_now=not fork, niceness=self.config.niceness)
+                                         self.log_dir, fork=fork, read_now=not fork)
             if fork:
                 _import_what_servers_run()  # while the bootstrap peer starts
             self.initial_peers = [self.bootstrap.wait_for_line("/", deadline)]
@@ -281,7 +275,7 @@ class LocalSwarm:
         args = ["serve", "--model", str(model or self.model), *blocks, "--host-maddrs", LOOPBACK, "--no-relay",
                 "--initial-peers", *self.initial_peers, *self.config.server_args(), *self.server_args, *extra_args]
         return PeerProcess(name or f"server{len(self.servers)}-{start}-{end}", args, self.log_dir, env,
-                           program or BLOOMPEER_COMMAND, fork=fork, read_now=not fork, niceness=self.config.niceness)
+                           program or BLOOMPEER_COMMAND, fork=fork, read_now=not fork)
 
     def stop(self) -> None:
         """Stop every process (servers first, in parallel), SIGKILLing any that hang."""
