@@ -34,7 +34,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -278,6 +277,47 @@ def lr_at(step: int, total: int, peak: float, warmup: int, min_ratio: float) -> 
     return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def start_run(args) -> None:
+    """Deterministic CPU training: --threads torch threads, deterministic kernels, --seed everywhere."""
+    import torch
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+
+def adamw(model, args):
+    """AdamW with weight decay on matrices only (not on biases and layernorms)."""
+    import torch
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def optimizer_step(model, optimizer, loss, lr: float, grad_clip: float) -> None:
+    import torch
+
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def mark_config_float32(output: Path) -> None:
+    """Loading with dtype="auto" gives float32 (a CPU model), whatever dtype the weights file holds."""
+    config_path = output / "config.json"
+    config = json.loads(config_path.read_text())
+    config["dtype"] = "float32"
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Train the bloompeer demo model (a small BLOOM) on Jane Austen's novels from the Debian "
@@ -317,15 +357,10 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     wall_start = time.time()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    start_run(args)
 
     import torch
     from transformers import BloomConfig, BloomForCausalLM, GenerationConfig
-
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
 
     # 1-2. Corpus and split.
     corpus = load_corpus_split(args.rscript, args.val_fraction)
@@ -355,11 +390,7 @@ def main(argv=None) -> None:
     log(f"model: BLOOM n_layer={args.n_layer} hidden={args.hidden_size} heads={args.n_head} "
         f"vocab={config.vocab_size}: {n_params:,} parameters")
 
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    optimizer = adamw(model, args)
     data = batches(train_ids, args.context, args.batch_size, args.seed)
     tokens_per_step = args.context * args.batch_size
     log(f"training: {args.steps} steps x {args.batch_size} x {args.context} tokens "
@@ -369,15 +400,10 @@ def main(argv=None) -> None:
     running, running_n = 0.0, 0
     for step in range(args.steps):
         lr = lr_at(step, args.steps, args.lr, args.warmup, args.min_lr_ratio)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         epoch, batch = next(data)
         model.train()
         loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(model, optimizer, loss, lr, args.grad_clip)
         running += loss.item()
         running_n += 1
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
@@ -405,11 +431,7 @@ def main(argv=None) -> None:
     model.to(save_dtype).save_pretrained(output)
     (output / "model.safetensors").chmod(0o644)  # package data: readable by everyone
     model.to(torch.float32)
-    # Loading with dtype="auto" gives float32 (this is a CPU demo model); the file holds save_dtype.
-    config_path = output / "config.json"
-    saved_config = json.loads(config_path.read_text())
-    saved_config["dtype"] = "float32"
-    config_path.write_text(json.dumps(saved_config, indent=2, sort_keys=True) + "\n")
+    mark_config_float32(output)  # the file holds save_dtype
     model.config.dtype = "float32"
 
     heldout = pick_heldout(val_paragraphs[HELDOUT_NOVEL])

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import random
 import shutil
 import sys
 import time
@@ -37,8 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from train_demo_model import (  # noqa: E402  (a sibling script, not a package)
-    BOS_ID, DEFAULT_OUTPUT as DEMO_MODEL_DIR, EOS_ID, PAD_ID, batches, encode_stream, load_corpus_split, log,
-    lr_at)
+    BOS_ID, DEFAULT_OUTPUT as DEMO_MODEL_DIR, EOS_ID, PAD_ID, adamw, batches, encode_stream, load_corpus_split,
+    log, lr_at, mark_config_float32, optimizer_step, start_run)
 
 DEFAULT_OUTPUT = DEMO_MODEL_DIR / "draft"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -167,10 +165,7 @@ def save_draft(draft, args, output: Path, status: dict) -> None:
         assistant_confidence_threshold=args.assistant_confidence_threshold)
     half.save_pretrained(output)
     (output / "model.safetensors").chmod(0o644)
-    config_path = output / "config.json"
-    config = json.loads(config_path.read_text())
-    config["dtype"] = "float32"
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    mark_config_float32(output)
     for name in TOKENIZER_FILES:
         shutil.copyfile(args.target / name, output / name)
     (output / "training.json").write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
@@ -179,15 +174,10 @@ def save_draft(draft, args, output: Path, status: dict) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     wall_start = time.time()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    start_run(args)
 
     import torch
     from transformers import AutoTokenizer, BloomForCausalLM
-
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
 
     corpus = load_corpus_split(args.rscript, args.val_fraction)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -208,11 +198,7 @@ def main(argv=None) -> None:
         f"validation tokens)")
     history = [{"step": 0, **quick}]
 
-    decay = [p for p in draft.parameters() if p.dim() >= 2]
-    no_decay = [p for p in draft.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    optimizer = adamw(draft, args)
     data = batches(train_ids, args.context, args.batch_size, args.seed)
     tokens_per_step = args.context * args.batch_size
     log(f"training: {args.steps} steps x {args.batch_size} x {args.context} tokens "
@@ -229,17 +215,12 @@ def main(argv=None) -> None:
     stopped_early = False
     for step in range(1, args.steps + 1):
         lr = lr_at(step - 1, args.steps, args.lr, args.warmup, args.min_lr_ratio)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         epoch, batch = next(data)
         with torch.no_grad():
             target_logits = target(input_ids=batch).logits
         draft.train()
         loss = distill_loss(draft(input_ids=batch).logits, target_logits, args.hard_weight)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), args.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(draft, optimizer, loss, lr, args.grad_clip)
         running += loss.item()
         running_n += 1
         elapsed = time.time() - train_start
