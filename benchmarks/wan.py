@@ -215,6 +215,15 @@ def server_to_server_bytes(counts: dict, server_ports: set[int]) -> int:
                for port, n in proxy[direction].items() if int(port) in server_ports)
 
 
+def proxy_lateness(counts: dict) -> str:
+    """How far after their due time the proxies delivered chunks: what the floors leave out."""
+    late = [proxy["late"] for proxy in counts.values() if proxy["late"]["chunks"]]
+    chunks = sum(item["chunks"] for item in late)
+    mean_us = sum(item["mean_us"] * item["chunks"] for item in late) / max(chunks, 1)
+    return (f"the proxies delivered {chunks} chunks {mean_us:.0f} us after their due time on average "
+            f"(at most {max((item['max_us'] for item in late), default=0) / 1000:.1f} ms)")
+
+
 def model_path(args: argparse.Namespace, tmp: Path) -> Path:
     if args.model in RANDOM_MODELS:
         print(f"writing a random checkpoint of the {args.model} architecture...", file=sys.stderr, flush=True)
@@ -322,7 +331,7 @@ def run(args: argparse.Namespace, path: Path, log_dir: Path) -> None:
     finally:
         counts = proxy_counts(proxies)
     pushed_bytes = server_to_server_bytes(counts, {listen for _, listen in ports})
-    print(f"server-to-server bytes through the proxies: {pushed_bytes}")
+    print(f"server-to-server bytes through the proxies: {pushed_bytes}; {proxy_lateness(counts)}")
     if n > 1 and pushed_bytes == 0:
         sys.exit("FAILED: no server-to-server traffic went through the proxies: pushes bypassed the delays")
     print_table([no_push, push, default, *(row for row, _ in spec)], default, 2 * delay_s)

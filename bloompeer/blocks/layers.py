@@ -29,7 +29,7 @@ class _TanhGelu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
-        return x * 0.5 * (1.0 + torch.tanh(_SQRT_2_OVER_PI * x * (1 + _CUBIC * x * x)))
+        return _tanh_gelu(x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
@@ -39,8 +39,16 @@ class _TanhGelu(torch.autograd.Function):
         return grad * (0.5 * x * ((1 - tanh * tanh) * inner_derivative) + 0.5 * (1 + tanh))
 
 
+def _tanh_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * 0.5 * (1.0 + torch.tanh(_SQRT_2_OVER_PI * x * (1 + _CUBIC * x * x)))
+
+
 def bloom_gelu(x: torch.Tensor) -> torch.Tensor:
-    return _TanhGelu.apply(x)
+    """The autograd Function only where a gradient can flow: on a server's decode path its
+    bookkeeping made a one-token GELU of hidden 256 take 45 to 78 us instead of 37."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return _TanhGelu.apply(x)
+    return _tanh_gelu(x)
 
 
 def _alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:

@@ -58,12 +58,11 @@ class PeerStream:
 
     async def send(self, message: Message, timeout_s: float | None = None) -> None:
         """Write one frame; with `timeout_s`, give up if the peer does not take it in time."""
+        wire = message.to_wire()
         try:
-            if timeout_s is None:
-                await write_frame(self.writer, message.to_wire())
-            else:
-                await asyncio.wait_for(write_frame(self.writer, message.to_wire()), timeout_s)
-        except asyncio.TimeoutError as exc:
+            async with asyncio.timeout(timeout_s):  # in this task: wait_for would start one per frame
+                await write_frame(self.writer, wire)
+        except TimeoutError as exc:
             raise _unavailable(self.peer, self.about, f"did not take a frame within {timeout_s:.0f} s",
                                ErrorCode.TIMEOUT) from exc
         except _SEND_FAILURES as exc:
@@ -73,9 +72,10 @@ class PeerStream:
         """The next frame, as one of the `expected` messages; an error frame is raised as its class."""
         timeout_s = self.timeout_s + extra_wait_s
         try:
-            frame = await asyncio.wait_for(read_frame(self.reader), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                frame = await read_frame(self.reader)
             reply = decode_message(frame, ErrorFrame, *expected)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise _unavailable(self.peer, self.about, f"no answer within {timeout_s:.0f} s",
                                ErrorCode.TIMEOUT) from exc
         except _RECEIVE_FAILURES as exc:
