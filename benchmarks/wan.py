@@ -18,7 +18,9 @@ Then, greedy on a held-out prompt, the same tokens for every row (checked agains
     model as its own draft (every proposal accepted): tokens/s, effective time per token and the
     draft's acceptance rate;
 and for each the time to first token (generate() to the first new token: a session opened on
-every server, a round trip, then the prompt's step along the chain).
+every server, a round trip, then the prompt's step along the chain). For the push row it also
+splits the step's time over its floor: each server's own time per step (from its /metrics), and
+the rest (the legs' daemons and proxies, whose lateness the proxies count, and the client's work).
 
     python benchmarks/wan.py                                  # demo model, 3 servers, 50 ms one way
     python benchmarks/wan.py --model bloom-560m --servers 3   # random weights, the bloom-560m architecture
@@ -31,11 +33,13 @@ import argparse
 import copy
 import json
 import os
+import re
 import signal
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,6 +219,26 @@ def server_to_server_bytes(counts: dict, server_ports: set[int]) -> int:
                for port, n in proxy[direction].items() if int(port) in server_ports)
 
 
+def server_step_totals(metrics_port: int) -> tuple[float, float]:
+    """(seconds, steps) a server has spent computing inference steps, from receiving each to its
+    output (its /metrics' step latency: checks, queue and compute; not the frames' coding)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    totals = dict(re.findall(r"^bloompeer_server_step_latency_seconds_(sum|count) (\S+)$", text, re.M))
+    return float(totals["sum"]), float(totals["count"])
+
+
+def chain_breakdown(row: Row, before: list[tuple[float, float]], after: list[tuple[float, float]]) -> str:
+    """Where a pushed step's time over its floor went: each server's own time per step (the floor
+    counts none), and the rest (the legs' libp2p daemons and proxies, each server's frame coding,
+    the client's LM head and generate loop)."""
+    per_server = [(a_sum - b_sum) / (a_count - b_count) for (b_sum, b_count), (a_sum, a_count) in zip(before, after)]
+    step_s = statistics.median(row.steps_s)
+    rest_s = step_s - row.floor_s - sum(per_server)
+    return (f"pushed step {_ms(step_s)} ms = floor {_ms(row.floor_s)} + the servers' own time per step "
+            f"({' + '.join(_ms(s) for s in per_server)} ms, means from their /metrics, prompts included) + the rest {_ms(rest_s)} ms "
+            f"(legs through the daemons and proxies, frame coding, the client's own work)")
+
+
 def proxy_lateness(counts: dict) -> str:
     """How far after their due time the proxies delivered chunks: what the floors leave out."""
     late = [proxy["late"] for proxy in counts.values() if proxy["late"]["chunks"]]
@@ -307,9 +331,11 @@ def run(args: argparse.Namespace, path: Path, log_dir: Path) -> None:
     proxies = start_proxies(ports, args, log_dir)
     try:
         with LocalSwarm(path, [], log_dir=log_dir) as swarm:
+            metrics_ports = [free_port() for _ in spans]
             servers = [swarm.add_server(start, end, ["--host-maddrs", f"/ip4/127.0.0.1/tcp/{listen}",
-                                                     "--announce-maddrs", f"/ip4/127.0.0.1/tcp/{proxy}"], wait=False)
-                       for (start, end), (proxy, listen) in zip(spans, ports)]
+                                                     "--announce-maddrs", f"/ip4/127.0.0.1/tcp/{proxy}",
+                                                     "--metrics-port", str(metrics)], wait=False)
+                       for (start, end), (proxy, listen), metrics in zip(spans, ports, metrics_ports)]
             for server in servers:
                 server.wait_online(time.monotonic() + 180)
             print(f"{n} servers ({', '.join(f'{a}:{b}' for a, b in spans)}), {args.delay_ms:g} ms one way each, "
@@ -322,7 +348,9 @@ def run(args: argparse.Namespace, path: Path, log_dir: Path) -> None:
                 check_proxied(probe, servers, delay_s)
             print("measuring (each row: a warm-up, then --repeats generate calls)...", file=sys.stderr, flush=True)
             measure(path, swarm, False, [(no_push, {})], prompt, reference, args)
+            before = [server_step_totals(port) for port in metrics_ports]
             measure(path, swarm, True, [(push, {})], prompt, reference, args)
+            push_breakdown = chain_breakdown(push, before, [server_step_totals(port) for port in metrics_ports])
             spec = speculative_rows(args, path, target, push_floor_s)
             measure(path, swarm, None, [(default, {}), *spec], prompt, reference, args)
             if args.delay_ms == 0:
@@ -337,6 +365,7 @@ def run(args: argparse.Namespace, path: Path, log_dir: Path) -> None:
     print_table([no_push, push, default, *(row for row, _ in spec)], default, 2 * delay_s)
     print(f"floors: a round trip per server {1000 * rtt_floor_s:.0f} ms; pushed along the chain "
           f"{1000 * push_floor_s:.0f} ms; load average at the end {os.getloadavg()[0]:.2f}")
+    print(push_breakdown)
 
 
 def main() -> None:
