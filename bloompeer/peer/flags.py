@@ -10,12 +10,11 @@ import this module; it imports none of them (nor `cli.py`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-from pathlib import Path
 
 from .arguments import block_range, fraction, model_argument, non_negative_float, port, positive_float, positive_int
 from .default_model import DEMO_MODEL_DIR
+from .local_config import local_num_blocks
 
 __all__ = [
     "INITIAL_PEERS_ENV", "add_client_flags", "add_model_flag", "add_network_flags", "add_server_flags",
@@ -176,12 +175,8 @@ def check_blocks_within_model(parser: argparse.ArgumentParser, args: argparse.Na
     """--blocks A:B and --num-blocks K against a local checkpoint's number of blocks (a hub model is
     checked once its config is read)."""
     blocks, count = getattr(args, "blocks", None), getattr(args, "num_blocks", None)
-    config_file = Path(args.model).expanduser() / "config.json" if blocks or count else None
-    if config_file is None or not config_file.is_file():
-        return
-    config = json.loads(config_file.read_text())
-    num_blocks = config.get("n_layer", config.get("num_hidden_layers"))
-    if not isinstance(num_blocks, int):
+    num_blocks = local_num_blocks(args.model) if blocks or count else None
+    if num_blocks is None:
         return
     if blocks is not None and blocks[1] > num_blocks:
         parser.error(f"--blocks {blocks[0]}:{blocks[1]} is not within the model's {num_blocks} blocks "

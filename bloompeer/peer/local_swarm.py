@@ -12,7 +12,6 @@ each one named there.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import queue
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BloompeerError
+from .local_config import local_num_blocks
 
 __all__ = [
     "EXIT_WITH_PARENT_ENV", "LocalSwarm", "LocalSwarmConfig", "ONE_COMMAND_SWARM", "ProcessFailed", "PeerProcess",
@@ -77,11 +77,8 @@ def split_blocks(num_blocks: int, num_servers: int) -> list[tuple[int, int]]:
 
 def model_num_blocks(model: str | Path) -> int:
     """How many blocks a model has: from a local config.json (without importing torch), else its checkpoint."""
-    config_file = Path(model).expanduser() / "config.json"
-    if config_file.is_file():
-        config = json.loads(config_file.read_text())
-        if isinstance(config.get("n_layer"), int):
-            return config["n_layer"]
+    if (num_blocks := local_num_blocks(model)) is not None:
+        return num_blocks
     from ..blocks import open_checkpoint
 
     return open_checkpoint(str(model)).config().n_layer
