@@ -100,6 +100,27 @@ class PassCounter:
         self._handle.remove()
 
 
+class SwarmCallTimer:
+    """How long each call of the model's swarm part (embeddings, the steps through the servers,
+    ln_f) took: a step's time outside it is the client's own (LM head, transformers' generate loop)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.durations_s: list[float] = []
+        self._started = 0.0
+        self._handles = [model.transformer.register_forward_pre_hook(self._start),
+                         model.transformer.register_forward_hook(self._stop)]
+
+    def _start(self, module, args) -> None:
+        self._started = time.perf_counter()
+
+    def _stop(self, module, args, output) -> None:
+        self.durations_s.append(time.perf_counter() - self._started)
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
 @dataclass
 class Row:
     name: str
@@ -107,6 +128,7 @@ class Row:
     steps_s: list[float] = field(default_factory=list)  # gaps between token arrivals (a verify pass each)
     per_token_s: list[float] = field(default_factory=list)  # after the first token, per generate call
     ttft_s: list[float] = field(default_factory=list)
+    swarm_calls_s: list[float] = field(default_factory=list)  # after the prompt's (see SwarmCallTimer)
     proposed: int = 0  # draft tokens sent for checking
     accepted: int = 0
     exact: bool = True
@@ -116,13 +138,15 @@ class Row:
 
 def generate_timed(model, prompt: torch.Tensor, new_tokens: int, row: Row, reference: list[int], **kwargs) -> None:
     """One greedy generate(): its token arrivals, passes and proposals go into `row`."""
-    arrivals, passes = Arrivals(), PassCounter(model)
+    arrivals, passes, swarm_calls = Arrivals(), PassCounter(model), SwarmCallTimer(model)
     try:
         with torch.inference_mode():
             out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                                  streamer=arrivals, pad_token_id=0, **kwargs)
     finally:
         passes.close()
+        swarm_calls.close()
+    row.swarm_calls_s += swarm_calls.durations_s[1:]
     row.exact &= out[0].tolist() == reference
     row.ttft_s.append(arrivals.times[0] - arrivals.started)
     row.steps_s += [b - a for a, b in zip(arrivals.times, arrivals.times[1:])]
@@ -228,15 +252,18 @@ def server_step_totals(metrics_port: int) -> tuple[float, float]:
 
 
 def chain_breakdown(row: Row, before: list[tuple[float, float]], after: list[tuple[float, float]]) -> str:
-    """Where a pushed step's time over its floor went: each server's own time per step (the floor
-    counts none), and the rest (the legs' libp2p daemons and proxies, each server's frame coding,
-    the client's LM head and generate loop)."""
+    """Where a pushed step's time over its floor went: each server's own time per step, the
+    client's own time (outside its call through the swarm), and the rest (the legs' libp2p daemons
+    and proxies, frame coding, the client's embeddings and its loop thread). The floor counts none."""
     per_server = [(a_sum - b_sum) / (a_count - b_count) for (b_sum, b_count), (a_sum, a_count) in zip(before, after)]
     step_s = statistics.median(row.steps_s)
-    rest_s = step_s - row.floor_s - sum(per_server)
+    client_s = step_s - statistics.median(row.swarm_calls_s)
+    rest_s = step_s - row.floor_s - sum(per_server) - client_s
     return (f"pushed step {_ms(step_s)} ms = floor {_ms(row.floor_s)} + the servers' own time per step "
-            f"({' + '.join(_ms(s) for s in per_server)} ms, means from their /metrics, prompts included) + the rest {_ms(rest_s)} ms "
-            f"(legs through the daemons and proxies, frame coding, the client's own work)")
+            f"({' + '.join(_ms(s) for s in per_server)} ms, means from their /metrics, prompts included) "
+            f"+ the client's outside its swarm call {_ms(client_s)} ms (LM head, generate loop) + the rest "
+            f"{_ms(rest_s)} ms (legs through the daemons and proxies, frame coding, the client's embeddings "
+            f"and loop thread)")
 
 
 def proxy_lateness(counts: dict) -> str:
