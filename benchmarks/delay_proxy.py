@@ -6,9 +6,10 @@ before it, and, with a bandwidth cap, once the link has had time to carry it), s
 chunks is delayed, not slowed: throughput is not serialised by the delay, as on a real long link.
 The event loop's timers are coarse (uvloop's count whole milliseconds), so a chunk's timer is set
 a little early and the rest of its wait is a blocking sleep: alone on a connection, chunks went
-out 0.15 ms after their due time on average; in benchmarks/wan.py's swarm, 0.35 ms (0.44 ms on
-the timer alone). How late each chunk went out is counted and reported with the byte counts, so
-that what the floors leave out is measured, not assumed.
+out 0.15 ms after their due time on average; in benchmarks/wan.py's swarm, 0.32 to 0.48 ms over
+runs (in like-for-like runs, 0.32 to 0.37 ms, against 0.44 ms on the timer alone). How late each
+chunk went out is counted and reported with the byte counts, so that what the floors leave out
+is measured, not assumed.
 A server announces the proxy's address (`serve --announce-maddrs`), so every peer that dials it
 (clients, and other servers pushing to it) goes through the proxy.
 
