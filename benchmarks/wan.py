@@ -19,8 +19,9 @@ Then, greedy on a held-out prompt, the same tokens for every row (checked agains
     draft's acceptance rate;
 and for each the time to first token (generate() to the first new token: a session opened on
 every server, a round trip, then the prompt's step along the chain). For the push row it also
-splits the step's time over its floor: each server's own time per step (from its /metrics), and
-the rest (the legs' daemons and proxies, whose lateness the proxies count, and the client's work).
+splits the step's time over its floor: each server's own time per step (from its /metrics), the
+client's own time outside its call through the swarm, and the rest (the legs' daemons and
+proxies, whose lateness the proxies count, and the frames' coding).
 
     python benchmarks/wan.py                                  # demo model, 3 servers, 50 ms one way
     python benchmarks/wan.py --model bloom-560m --servers 3   # random weights, the bloom-560m architecture
