@@ -24,7 +24,7 @@ async def node(swarm):
 
 
 async def _info(node, server, attempts: int = 3) -> ServerInfo:
-    """The server's info frame. Asked again if the stream ends unanswered: seen now and then on a
+    """The server's info frame, asked again if the stream ends unanswered (seen now and then on a
     loaded machine, with nothing about it in the servers' logs)."""
     for attempt in range(attempts):
         _, reader, writer = await node.p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id_str),

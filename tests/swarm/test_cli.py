@@ -190,10 +190,10 @@ def test_a_stable_identity_keeps_the_peer_id_across_restarts(swarm, tmp_path):
         return server.peer_id_str
 
     with ThreadPoolExecutor(2) as pool:  # a bootstrap peer and a server at a time
-        first = [pool.submit(dht_peer_id, 1), pool.submit(server_peer_id, 1)]
-        first = [future.result() for future in first]
-        second = [pool.submit(dht_peer_id, 2), pool.submit(server_peer_id, 2)]
-        assert first == [future.result() for future in second]
+        def both(run: int) -> list[str]:
+            return [future.result() for future in (pool.submit(dht_peer_id, run), pool.submit(server_peer_id, run))]
+
+        assert both(1) == both(2)
 
 
 def test_announce_maddrs_replace_the_listening_ones(tmp_path):
