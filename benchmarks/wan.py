@@ -293,7 +293,8 @@ def speculative_rows(args: argparse.Namespace, path: Path, target: BloomForCausa
                          speculative=True),
                      dict(assistant_model=assistant)))
     else:
-        print(f"note: no draft model (--draft-model PATH; {DEMO_DRAFT_DIR} does not exist): skipping that row")
+        print("note: no draft model for this checkpoint (the bundled draft is the demo model's; --draft-model "
+              "PATH gives one): skipping that row")
     rows.append((Row(f"prompt lookup (k={args.prompt_lookup})", push_floor_s, speculative=True),
                  dict(prompt_lookup_num_tokens=args.prompt_lookup)))
     itself = copy.deepcopy(target)  # proposing k tokens every time: no confidence cut-off, as every one is right

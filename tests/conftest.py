@@ -10,9 +10,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 import torch
 from transformers import BloomForCausalLM
 
+from bloompeer.p2p import NetworkConfig, PeerNode
 from bloompeer.peer.default_model import write_random_checkpoint
 from bloompeer.peer.local_swarm import LocalSwarm, stop_in_parallel
 
@@ -36,6 +38,14 @@ def reference_model(tiny_checkpoint) -> BloomForCausalLM:
 def swarm(tiny_checkpoint, tmp_path_factory):
     with LocalSwarm(tiny_checkpoint, [(0, 2), (2, 4)], log_dir=tmp_path_factory.mktemp("swarm-logs")) as swarm:
         yield swarm
+
+
+@pytest_asyncio.fixture
+async def node(swarm):
+    """A client-mode network peer in the shared swarm, for tests that speak the wire protocol (tests/wire.py)."""
+    node = await PeerNode.create(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True))
+    yield node
+    await node.shutdown()
 
 
 @pytest.fixture

@@ -7,40 +7,16 @@ import asyncio
 
 import openai
 import pytest
-import pytest_asyncio
-from hivemind.p2p import PeerID
 from prometheus_client.parser import text_string_to_metric_families
 
-from bloompeer.p2p import INFO_PROTOCOL, NetworkConfig, PeerNode, ServerInfo, read_frame
+from tests.wire import server_info
 
 MAX_TOKENS = 4000  # minutes of generation: it can only end this soon if the disconnect stopped it
 
 
-@pytest_asyncio.fixture
-async def node(swarm):
-    node = await PeerNode.create(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True))
-    yield node
-    await node.shutdown()
-
-
-async def _info(node, server, attempts: int = 3) -> ServerInfo:
-    """The server's info frame, asked again if the stream ends unanswered (seen now and then on a
-    loaded machine, with nothing about it in the servers' logs)."""
-    for attempt in range(attempts):
-        _, reader, writer = await node.p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id_str),
-                                                                      INFO_PROTOCOL)
-        try:
-            return ServerInfo.from_wire(await asyncio.wait_for(read_frame(reader), 30))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            if attempt == attempts - 1:
-                raise
-        finally:
-            writer.close()
-
-
 async def _rooms(node, servers) -> list[tuple[int, int]]:
     """(cache tokens left, open sessions) of each server."""
-    return [(info.cache_tokens_left, info.sessions) for info in [await _info(node, s) for s in servers]]
+    return [(info.cache_tokens_left, info.sessions) for info in [await server_info(node, s) for s in servers]]
 
 
 async def _until(condition, what: str, timeout_s: float = 30.0) -> None:

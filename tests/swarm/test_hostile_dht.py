@@ -13,11 +13,10 @@ from bloompeer.p2p import NetworkConfig, PeerNode, ServerState, block_key, get_d
 TTL_S = 60
 
 
-@pytest_asyncio.fixture
-async def honest(swarm):
-    node = await PeerNode.create(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True))
-    yield node
-    await node.shutdown()
+@pytest.fixture
+def honest(node):
+    """An honest client's view of the DHT (tests/conftest.py's client-mode peer)."""
+    return node
 
 
 @pytest_asyncio.fixture

@@ -5,13 +5,9 @@ import asyncio
 import shutil
 
 import pytest
-import pytest_asyncio
-from hivemind.p2p import PeerID
 
-from bloompeer.p2p import (
-    INFERENCE_PROTOCOL, INFO_PROTOCOL, ErrorCode, NetworkConfig, OpenSession, PeerNode, ServerInfo, read_frame,
-    write_frame,
-)
+from bloompeer.p2p import ErrorCode, OpenSession, read_frame, write_frame
+from tests.wire import raw_stream, server_info
 
 CACHE_TOKENS = 64
 MODEL_UID = "limited-bloom"
@@ -28,30 +24,10 @@ def limited_server(swarm, tiny_checkpoint, tmp_path_factory):
     server.stop()
 
 
-@pytest_asyncio.fixture
-async def node(swarm):
-    node = await PeerNode.create(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True))
-    yield node
-    await node.shutdown()
-
-
-async def _stream(node, server, protocol=INFERENCE_PROTOCOL):
-    _, reader, writer = await node.p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id_str), protocol)
-    return reader, writer
-
-
 async def _open(node, server, max_length, alloc_timeout_s=0.0):
-    reader, writer = await _stream(node, server)
+    reader, writer = await raw_stream(node, server)
     await write_frame(writer, OpenSession(MODEL_UID, 0, 4, 1, max_length, alloc_timeout_s).to_wire())
     return reader, writer, await asyncio.wait_for(read_frame(reader), 30)
-
-
-async def _info(node, server) -> ServerInfo:
-    reader, writer = await _stream(node, server, INFO_PROTOCOL)
-    try:
-        return ServerInfo.from_wire(await asyncio.wait_for(read_frame(reader), 30))
-    finally:
-        writer.close()
 
 
 async def _until(predicate, timeout_s=10.0):
@@ -64,7 +40,7 @@ async def _until(predicate, timeout_s=10.0):
 async def test_cache_is_reserved_at_open_and_a_full_server_says_how_full(node, limited_server):
     _, first_writer, reply = await _open(node, limited_server, max_length=48)
     assert reply["type"] == "ready"
-    assert (await _info(node, limited_server)).cache_tokens_left == CACHE_TOKENS - 48
+    assert (await server_info(node, limited_server)).cache_tokens_left == CACHE_TOKENS - 48
     _, _, refused = await _open(node, limited_server, max_length=32, alloc_timeout_s=0.3)
     assert refused["code"] == ErrorCode.BUSY.value
     assert "asked for 32 tokens" in refused["message"] and f"16 of {CACHE_TOKENS}" in refused["message"]
@@ -79,7 +55,7 @@ async def test_cache_is_reserved_at_open_and_a_full_server_says_how_full(node, l
 
 
 async def _full(node, server) -> bool:
-    info = await _info(node, server)
+    info = await server_info(node, server)
     return info.cache_tokens_left == CACHE_TOKENS and info.sessions == 0
 
 

@@ -14,14 +14,10 @@ allocator was seen to keep in fragments (RSS after 10, 50, 100 ... 500 sessions:
 import asyncio
 import itertools
 
-import pytest_asyncio
 import torch
-from hivemind.p2p import PeerID
 
-from bloompeer.p2p import (
-    INFERENCE_PROTOCOL, INFO_PROTOCOL, CloseSession, NetworkConfig, OpenSession, PeerNode, ServerInfo, Step,
-    read_frame, write_frame,
-)
+from bloompeer.p2p import INFERENCE_PROTOCOL, CloseSession, OpenSession, Step, read_frame, write_frame
+from tests.wire import raw_stream, server_info
 
 FIRST, TOTAL, AT_ONCE = 10, 200, 10
 MAX_LENGTH, PROMPT, STEPS = 512, 8, 3
@@ -38,31 +34,11 @@ def rss_mib(pid: int) -> float:
     raise AssertionError(f"no VmRSS in /proc/{pid}/status")
 
 
-@pytest_asyncio.fixture
-async def node(swarm):
-    node = await PeerNode.create(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True))
-    yield node
-    await node.shutdown()
-
-
-async def _stream(node, server, protocol):
-    _, reader, writer = await node.p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id_str), protocol)
-    return reader, writer
-
-
-async def _info(node, server) -> ServerInfo:
-    reader, writer = await _stream(node, server, INFO_PROTOCOL)
-    try:
-        return ServerInfo.from_wire(await asyncio.wait_for(read_frame(reader), 30))
-    finally:
-        writer.close()
-
-
 async def _until_all_freed(node, server, cache_tokens: int, timeout_s: float = 30.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
-        info = await _info(node, server)
+        info = await server_info(node, server)
         if info.sessions == 0 and info.cache_tokens_left == cache_tokens:
             return
         assert loop.time() < deadline, f"not freed within {timeout_s:.0f} s: {info}"
@@ -71,7 +47,7 @@ async def _until_all_freed(node, server, cache_tokens: int, timeout_s: float = 3
 
 async def _one_session(node, server, model_uid: str, index: int) -> str:
     """Open, step (a prompt, then single tokens), then end the session one of three ways."""
-    reader, writer = await _stream(node, server, INFERENCE_PROTOCOL)
+    reader, writer = await raw_stream(node, server, INFERENCE_PROTOCOL)
     try:
         await write_frame(writer, OpenSession(model_uid, 0, 4, 1, MAX_LENGTH, 60.0).to_wire())
         reply = await asyncio.wait_for(read_frame(reader), 90)
