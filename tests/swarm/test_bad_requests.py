@@ -6,26 +6,23 @@ import asyncio
 import pytest
 import pytest_asyncio
 import torch
-from hivemind.p2p import PeerID
 
 from bloompeer.p2p import (
-    INFERENCE_PROTOCOL, CloseSession, ErrorCode, NetworkConfig, OpenSession, PeerNode, ProtocolError, Step,
-    decode_message, pack, read_frame, tensor_to_wire, unpack, write_frame,
+    CloseSession, ErrorCode, OpenSession, ProtocolError, Step, decode_message, pack, read_frame, tensor_to_wire,
+    unpack, write_frame,
 )
+from tests.wire import raw_stream
 
 HIDDEN = 64  # the tiny checkpoint's hidden size
 
 
 @pytest_asyncio.fixture
-async def stream(swarm):
-    node = await PeerNode.create(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True))
-    server_id = PeerID.from_base58(swarm.servers[0].peer_id_str)  # serves blocks 0:2 of tiny-bloom*
-    _, reader, writer = await node.p2p.call_binary_stream_handler(server_id, INFERENCE_PROTOCOL)
+async def stream(swarm, node):
+    reader, writer = await raw_stream(node, swarm.servers[0])  # serves blocks 0:2 of tiny-bloom*
     try:
         yield reader, writer
     finally:
         writer.close()
-        await node.shutdown()
 
 
 async def _ask(stream, frame: dict) -> dict:

@@ -10,10 +10,10 @@ import urllib.request
 
 import pytest
 import torch
-from hivemind.p2p import PeerID
 from prometheus_client.parser import text_string_to_metric_families
 
-from bloompeer.p2p import INFERENCE_PROTOCOL, ErrorCode, NetworkConfig, OpenSession, PeerNode, read_frame, write_frame
+from bloompeer.p2p import ErrorCode, NetworkConfig, OpenSession, PeerNode, read_frame, write_frame
+from tests.wire import raw_stream
 
 from .conftest import swarm_client
 
@@ -104,8 +104,7 @@ async def _bad_requests(swarm, server, model_uid: str) -> list[dict]:
     """A step before any open, then an open over the server's max_length: the error frames."""
     node = await PeerNode.create(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True))
     try:
-        _, reader, writer = await node.p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id_str),
-                                                                      INFERENCE_PROTOCOL)
+        reader, writer = await raw_stream(node, server)
         await write_frame(writer, {"type": "step", "position": 0})
         replies = [await asyncio.wait_for(read_frame(reader), 30)]
         await write_frame(writer, OpenSession(model_uid, 0, 4, 1, 100_000, 0.0).to_wire())

@@ -7,7 +7,6 @@ import signal
 
 import pytest
 import torch
-from hivemind.p2p import PeerID
 from transformers import BloomConfig, BloomForCausalLM
 
 from bloompeer import (
@@ -16,6 +15,7 @@ from bloompeer import (
 from bloompeer.p2p import BACKWARD_PROTOCOL, BackwardRequest, PeerNode, read_frame, write_frame
 from bloompeer.peer.default_model import write_byte_tokenizer
 from bloompeer.peer.local_swarm import LocalSwarm
+from tests.wire import raw_stream
 
 PRE_SEQ_LEN = 4
 TARGET = 7  # the synthetic task: predict this token at every position
@@ -199,8 +199,7 @@ async def test_a_client_cannot_change_server_weights(training_swarm, steerable_c
     server = training_swarm.servers[0]
     node = await PeerNode.create(NetworkConfig(initial_peers=tuple(training_swarm.initial_peers), client_mode=True))
     try:
-        _, reader, writer = await node.p2p.call_binary_stream_handler(
-            PeerID.from_base58(server.peer_id_str), BACKWARD_PROTOCOL)
+        reader, writer = await raw_stream(node, server, BACKWARD_PROTOCOL)
         hidden = torch.randn(1, 3, 64)
         frame = {**BackwardRequest(steerable_checkpoint.name, 0, 4, hidden, hidden).to_wire(),
                  "update_weights": True, "learning_rate": 1.0}
