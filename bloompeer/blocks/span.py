@@ -4,12 +4,13 @@ The weights live in layers.py's modules, named as in a checkpoint. The forward i
 here, op for op as HF's BloomBlock computes it (same kernels, same order, so one request alone
 gives bitwise HF results), because a server batches the steps of different sessions: the linear
 layers, which read all the weights, run once on every session's rows together, while attention
-runs per session against that session's own cache, length and padding.
+runs per session against that session's own cache, length and padding. A span that keeps
+batched linears (keep_batched_linears) computes those passes' linear layers with another kernel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BloomConfig
 
+from .batched_linear import BatchedLinears
 from .checkpoint import Checkpoint, block_prefix
 from .kv_cache import SessionCache
 from .layers import BlockLayers, alibi_bias, bloom_gelu
@@ -87,6 +89,7 @@ class BlockSpan(nn.Module):
         self.config, self.start, self.end = config, start, end
         self.num_heads, self.head_dim = config.n_head, config.hidden_size // config.n_head
         self.blocks = nn.ModuleList(BlockLayers(config, layer_idx=i) for i in range(start, end))
+        self.batched_linears: BatchedLinears | None = None  # see keep_batched_linears
 
     @classmethod
     def from_checkpoint(
@@ -104,6 +107,14 @@ class BlockSpan(nn.Module):
             state[f"blocks.{int(index) - start}.{rest}"] = tensor
         span.load_state_dict(state, strict=True, assign=True)
         return span.to(device).eval().requires_grad_(False)
+
+    def keep_batched_linears(self) -> int:
+        """Keep the copy of the weights that passes of several requests compute with (see
+        batched_linear.py), where it is for (float32 on the CPU); returns its size in bytes."""
+        if not BatchedLinears.supported(self):
+            return 0
+        self.batched_linears = BatchedLinears(self)
+        return self.batched_linears.nbytes
 
     @property
     def num_blocks(self) -> int:
@@ -128,32 +139,35 @@ class BlockSpan(nn.Module):
         else:
             hidden = torch.cat([segment.hidden.reshape(-1, segment.hidden.shape[-1]) for segment in segments])
         prompted = any(segment.prompts is not None for segment in segments)
+        linear = _module_call
+        if len(segments) > 1 and self.batched_linears is not None and sum(rows) <= self.batched_linears.max_rows:
+            linear = self.batched_linears
         for index, block in enumerate(self.blocks[start - self.start : end - self.start]):
             if prompted:
                 hidden = _with_prompts(hidden, segments, rows, index)
-            hidden = self._block(block, hidden, attention, rows)
+            hidden = self._block(block, hidden, attention, rows, linear)
         if len(segments) == 1:
             return [hidden]
         return [part.view_as(segment.hidden) for part, segment in zip(hidden.split(rows), segments)]
 
-    def _block(self, block: BlockLayers, hidden: torch.Tensor, attention: list[_Attention],
-               rows: list[int]) -> torch.Tensor:
+    def _block(self, block: BlockLayers, hidden: torch.Tensor, attention: list[_Attention], rows: list[int],
+               linear: Callable[[nn.Linear, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """BloomBlock.forward, with attention done segment by segment. hidden: [rows..., hidden]."""
         post_layernorm = self.config.apply_residual_connection_post_layernorm
         layernorm_output = block.input_layernorm(hidden)
         residual = layernorm_output if post_layernorm else hidden
         attn = block.self_attention
-        fused_qkv = attn.query_key_value(layernorm_output)  # [rows..., 3 * hidden]
+        fused_qkv = linear(attn.query_key_value, layernorm_output)  # [rows..., 3 * hidden]
         if len(attention) == 1:
             context = self._attend(attn, fused_qkv, attention[0])
         else:
             context = torch.cat([self._attend(attn, part, segment).flatten(0, 1)
                                  for part, segment in zip(fused_qkv.split(rows), attention)])
-        attention_output = residual + attn.dense(context)
+        attention_output = residual + linear(attn.dense, context)
         layernorm_output = block.post_attention_layernorm(attention_output)
         residual = layernorm_output if post_layernorm else attention_output
         mlp = block.mlp
-        return residual + mlp.dense_4h_to_h(bloom_gelu(mlp.dense_h_to_4h(layernorm_output)))
+        return residual + linear(mlp.dense_4h_to_h, bloom_gelu(linear(mlp.dense_h_to_4h, layernorm_output)))
 
     def _attend(self, attn, fused_qkv: torch.Tensor, segment: _Attention) -> torch.Tensor:
         """BloomAttention's core for one segment: [batch * num_new, 3 * hidden] -> [batch, num_new, hidden]."""
@@ -173,6 +187,11 @@ class BlockSpan(nn.Module):
         context = torch.bmm(probs.view(batch * heads, num_new, -1), value)  # [batch * heads, num_new, head_dim]
         context = context.view(batch, heads, num_new, head_dim).permute(0, 2, 1, 3)
         return context.reshape(batch, num_new, heads * head_dim)
+
+
+def _module_call(linear: nn.Linear, rows: torch.Tensor) -> torch.Tensor:
+    """The linear layer as transformers calls it (MKL through F.linear)."""
+    return linear(rows)
 
 
 def _with_prompts(hidden: torch.Tensor, segments: Sequence[Segment], rows: list[int], index: int) -> torch.Tensor:

@@ -107,14 +107,37 @@ def test_one_request_alone_is_bitwise_hf(spans, reference_model):
     torch.testing.assert_close(spans[0](hidden, MASK.bool()), expected[1], rtol=0, atol=0)
 
 
+@pytest.fixture(scope="module")
+def span_with_batched_linears(tiny_checkpoint):
+    span = BlockSpan.from_checkpoint(open_checkpoint(tiny_checkpoint), 1, 4, torch.float32)
+    assert span.keep_batched_linears() == sum(p.numel() * 4 for n, p in span.named_parameters()
+                                              if n.endswith(".weight") and p.dim() == 2)
+    return span
+
+
 @torch.no_grad()
-def test_batched_segments_equal_separate_requests(spans, tiny_checkpoint):
+def test_a_request_alone_stays_bitwise_hf_with_batched_linears_kept(tiny_checkpoint, reference_model):
+    span = BlockSpan.from_checkpoint(open_checkpoint(tiny_checkpoint), 0, 3, torch.float32)
+    span.keep_batched_linears()
+    expected = reference_model(IDS, attention_mask=MASK, output_hidden_states=True).hidden_states
+    hidden = span(_embed(reference_model, IDS), MASK.bool())
+    torch.testing.assert_close(hidden, expected[3], rtol=0, atol=0)  # [4] is after the final layer norm
+
+
+@pytest.mark.parametrize("batched_linears", [False, True], ids=["mkl", "batched-linears"])
+@torch.no_grad()
+def test_batched_segments_equal_separate_requests(spans, span_with_batched_linears, tiny_checkpoint,
+                                                  batched_linears, monkeypatch):
     """Steps of three sessions (different lengths, padding, prefill and decode, deep prompts in
-    one) in one pass."""
+    one) in one pass; with batched linears kept, that pass's linear layers are OpenBLAS's."""
     from bloompeer.blocks import Segment
+    from bloompeer.blocks.batched_linear import BatchedLinears
 
     config = open_checkpoint(tiny_checkpoint).config()
-    span = spans[1]
+    span = span_with_batched_linears if batched_linears else spans[1]
+    calls = []
+    linear = BatchedLinears.__call__
+    monkeypatch.setattr(BatchedLinears, "__call__", lambda self, *args: calls.append(1) or linear(self, *args))
     torch.manual_seed(0)
     shapes = [(2, 5), (1, 1), (3, 2)]  # (batch, new tokens) per session
     prefixes = [0, 7, 3]  # tokens each session has cached already
@@ -141,6 +164,7 @@ def test_batched_segments_equal_separate_requests(spans, tiny_checkpoint):
     batched = span.forward_segments(segments)
     for one, many in zip(separate, batched):
         torch.testing.assert_close(many, one, rtol=0, atol=1e-5)
+    assert len(calls) == (4 * span.num_blocks if batched_linears else 0)  # only the batched pass used them
 
 
 def test_layers_hold_the_parameters_of_hfs_block(tiny_checkpoint):

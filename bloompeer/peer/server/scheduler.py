@@ -240,7 +240,8 @@ class Scheduler:
                 continue
             rows = sum(work.rows for work in batch)
             started = time.perf_counter()
-            results = await self.compute.run(self._execute, batch, rows=rows, decode=batch[0].segment is not None)
+            results = await self.compute.run(self._execute, batch, rows=rows, decode=batch[0].segment is not None,
+                                            batched=len(batch) > 1)
             if batch[0].segment is not None:
                 self._last_pass[batch[0].group] = (frozenset(work.session for work in batch),
                                                    time.perf_counter() - started)

@@ -145,6 +145,11 @@ class Server:
             self.throughput = await self._measure_throughput(span)
         logger.info("Throughput: %.1f tokens/s per block", self.throughput)
         self.startup.lap("throughput")
+        if self.config.max_batch_sessions != 1:
+            copied = await self.compute.run(span.keep_batched_linears)
+            if copied:
+                logger.info("Batched passes: a second copy of the weights, input-major (%.1f MiB; "
+                            "--max-batch-sessions 1 for none)", copied / 2**20)
         self._start_serving(span)
         self.startup.lap("attention cache")
         handlers = {
