@@ -14,22 +14,33 @@ def _run(choice: BlasThreadChoice, passes: int, seconds: dict[int, float]) -> li
     return chosen
 
 
-def test_tries_each_count_then_keeps_the_faster_and_retries_the_other_now_and_then():
+def test_tries_each_count_then_keeps_the_faster_and_tries_the_other_less_often_each_time_it_loses():
     choice = BlasThreadChoice(max_threads=2)
-    chosen = _run(choice, 2 + 2 * RETRY_EVERY, {1: 0.140, 2: 0.120})
+    chosen = _run(choice, 2 + 7 * RETRY_EVERY, {1: 0.140, 2: 0.120})
     assert chosen[:2] == [1, 2]
-    later = chosen[2:]
-    assert later.count(1) == 2 and later.count(2) == len(later) - 2  # one retry of one thread per RETRY_EVERY
-    assert later[RETRY_EVERY - 1] == 1
+    tries = [index for index, threads in enumerate(chosen[2:], start=1) if threads == 1]
+    assert tries == [RETRY_EVERY, 3 * RETRY_EVERY, 7 * RETRY_EVERY]  # 16 passes, then 32, then 64
 
 
-def test_one_slow_pass_on_two_threads_switches_to_one_and_a_free_core_switches_back():
+def test_one_slow_pass_switches_and_one_winning_try_switches_back():
     choice = BlasThreadChoice(max_threads=2)
     _run(choice, 4, {1: 0.140, 2: 0.120})
     assert _run(choice, 1, {1: 0.140, 2: 0.390}) == [2]  # the other core got busy during this pass
-    assert _run(choice, 3, {1: 0.140, 2: 0.390}) == [1, 1, 1]
-    after = _run(choice, 2 * RETRY_EVERY, {1: 0.140, 2: 0.120})  # the core is free again
-    assert after[-1] == 2 and after.count(1) < RETRY_EVERY + 2
+    busy = _run(choice, 4 * RETRY_EVERY, {1: 0.140, 2: 2.0})
+    assert busy.count(2) == 2  # tried after 16 passes, lost, then after 32 more
+    free = _run(choice, 2 * 4 * RETRY_EVERY, {1: 0.140, 2: 0.120})  # the core is free again
+    switched = free.index(2)
+    assert switched < 4 * RETRY_EVERY  # the next try (due after 64 passes since the last) wins
+    after = free[switched + 1:]
+    assert [i for i, threads in enumerate(after, start=1) if threads == 1][:2] == [RETRY_EVERY, 3 * RETRY_EVERY]
+
+
+def test_more_threads_are_tried_only_while_the_other_cores_look_free():
+    choice = BlasThreadChoice(max_threads=2)
+    choice.others_free = False
+    assert _run(choice, 3 * RETRY_EVERY, {1: 0.140, 2: 0.120}) == [1] * (3 * RETRY_EVERY)  # not even a first try
+    choice.others_free = True
+    assert _run(choice, 3, {1: 0.140, 2: 0.120}) == [2, 2, 2]  # the first try, due long ago, wins
 
 
 def test_sizes_are_measured_apart_and_one_core_means_one_thread():

@@ -11,7 +11,6 @@ OpenBLAS (blocks/batched_linear.py), on as many threads as such passes measurabl
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -48,7 +47,7 @@ class ComputeWorker:
         self._cpu = torch.device(device).type == "cpu"
         self._max_threads = torch.get_num_threads()
         self._threads = None  # what the compute thread is set to (a per-thread OpenMP setting)
-        self._blas_threads = BlasThreadChoice(self._max_threads)
+        self._blas_threads = BlasThreadChoice(self._max_threads, set_blas_threads)
         if self._cpu:
             set_blas_threads(1)  # OpenBLAS defaults to every core; on the compute thread _call sets it per pass
 
@@ -70,12 +69,7 @@ class ComputeWorker:
                 self._threads = threads
         if blas_rows is None:
             return fn(*args)
-        blas_threads = self._blas_threads.choose(blas_rows)
-        set_blas_threads(blas_threads)
-        started = time.perf_counter()
-        result = fn(*args)
-        self._blas_threads.record(blas_rows, blas_threads, time.perf_counter() - started)
-        return result
+        return self._blas_threads.run(blas_rows, lambda: fn(*args))
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
