@@ -49,7 +49,7 @@ class ComputeWorker:
         self._threads = None  # what the compute thread is set to (a per-thread OpenMP setting)
         self._blas_threads = BlasThreadChoice(self._max_threads, set_blas_threads)
         if self._cpu:
-            set_blas_threads(1)  # OpenBLAS defaults to every core; on the compute thread _call sets it per pass
+            set_blas_threads(1)  # OpenBLAS defaults to every core; the compute thread's count is set per batched pass
 
     async def run(self, fn: Callable[..., T], *args, rows: int = 1 << 30, decode: bool = False,
                   batched: bool = False) -> T:
