@@ -90,7 +90,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="at most N sessions' steps share one pass (default: as many as fit in "
                             "--max-batch-tokens); 1 turns batching across sessions off. With batching, a float32 "
                             "server on the CPU keeps its weights twice, the second copy laid out for a faster "
-                            "kernel in batched passes (1.8x their steps/s at 8 sessions on 2 cores); 1 saves "
+                            "kernel in batched passes (1.5 to 1.8x their steps/s at 8 sessions on 2 cores); 1 saves "
                             "that memory")
     group.add_argument("--max-step-tokens", type=positive_int, default=defaults.max_step_tokens, metavar="N",
                        help=f"rows (batch x tokens) one request may send ({defaults.max_step_tokens})")
