@@ -22,6 +22,7 @@ from ..errors import BloompeerError
 from . import dht_command, generate_command, serve_command, status_command
 from .api import command as api_command
 from .flags import check_blocks_within_model
+from .import_gc import imports_without_gc
 from .local_swarm import EXIT_WITH_PARENT_ENV
 
 __all__ = ["main", "build_parser"]
@@ -75,7 +76,8 @@ def _report(exc: Exception, verbose: bool) -> None:
 
 
 def _configure_logging(verbose: bool) -> None:
-    from hivemind.utils.logging import use_hivemind_log_handler
+    with imports_without_gc():  # hivemind imports torch
+        from hivemind.utils.logging import use_hivemind_log_handler
 
     use_hivemind_log_handler("nowhere")
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,

@@ -13,6 +13,7 @@ from pathlib import Path
 from .arguments import model_argument, positive_float, positive_int, probability
 from .default_model import DEMO_DRAFT_MODEL_DIR, DEMO_MODEL_DIR
 from .flags import add_client_flags, add_model_flag, client_config, initial_peers
+from .import_gc import imports_without_gc
 from .local_swarm import start_local_swarm
 
 __all__ = ["add_parser", "run"]
@@ -106,10 +107,11 @@ def run(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace, peers: tuple[str, ...], sampling: dict,
               swarm_ready: Callable[[], object] | None, ctrl_c: _CtrlC) -> None:
     """swarm_ready: waits for a local swarm's servers; the client gets ready meanwhile."""
-    import torch
-    from transformers import AutoTokenizer, StoppingCriteriaList, TextStreamer
+    with imports_without_gc():
+        import torch
+        from transformers import AutoTokenizer, StoppingCriteriaList, TextStreamer
 
-    from .client.model import DistributedBloomForCausalLM, draft_overshoot
+        from .client.model import DistributedBloomForCausalLM, draft_overshoot
 
     if args.seed is not None:
         torch.manual_seed(args.seed)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BloompeerError
+from .import_gc import imports_without_gc
 from .local_config import local_num_blocks
 
 __all__ = [
@@ -316,6 +317,7 @@ def start_local_swarm(model_path: str, stack: contextlib.ExitStack, log_dir: str
 
 def _import_what_servers_run() -> None:
     """Import the server's modules (torch, transformers, hivemind) once, here, for the forks to share."""
-    import uvloop  # noqa: F401  (cli.main runs the server in it)
+    with imports_without_gc():
+        import uvloop  # noqa: F401  (cli.main runs the server in it)
 
-    from .server import server  # noqa: F401
+        from .server import server  # noqa: F401

@@ -7,6 +7,7 @@ import asyncio
 import logging
 
 from .flags import add_server_flags, server_config
+from .import_gc import imports_without_gc
 from .running_peer import reachable_first, run_until_done, signal_event
 
 __all__ = ["add_parser", "run"]
@@ -26,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from .server.server import Server
+    with imports_without_gc():
+        from .server.server import Server
 
     config = server_config(args)
     stop = signal_event()

@@ -17,6 +17,7 @@ import socket
 
 from ..arguments import port, positive_int
 from ..flags import add_client_flags, add_model_flag, client_config, initial_peers
+from ..import_gc import imports_without_gc
 from ..local_swarm import start_local_swarm
 
 __all__ = ["add_parser", "run"]
@@ -61,10 +62,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _build_app(args: argparse.Namespace, peers: tuple[str, ...], stack: contextlib.ExitStack):
-    from transformers import AutoTokenizer
+    with imports_without_gc():
+        from transformers import AutoTokenizer
 
-    from ..client.model import DistributedBloomForCausalLM
-    from .app import ApiState, create_app
+        from ..client.model import DistributedBloomForCausalLM
+        from .app import ApiState, create_app
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = stack.enter_context(DistributedBloomForCausalLM.from_pretrained(args.model,
