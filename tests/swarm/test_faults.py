@@ -107,13 +107,33 @@ def test_routing_prefers_the_faster_of_two_servers(swarm, fresh_model, start_ser
         slowing = threading.Thread(target=_throttle, args=(slow, stop_slowing))
         slowing.start()
         try:
-            with _client(swarm, fresh_model) as model, model.inference_session(max_length=8) as session:
-                with torch.inference_mode():
+            with _client(swarm, fresh_model) as model:
+                view = model.client.swarm
+                _wait_until_both_seen(model, {slow.peer_id_str, fast.peer_id_str})
+                with model.inference_session(max_length=8) as session, torch.inference_mode():
                     model(PROMPT)
-                assert [piece.peer_id_str for piece in session.route] == [fast.peer_id_str]
+                    route = [piece.peer_id_str for piece in session.route]
+                assert route == [fast.peer_id_str], (
+                    f"routed through the slowed server {slow.peer_id_str}; the client measured {view.rtts_s} "
+                    f"and saw servers {_seen(model)}")
         finally:
             stop_slowing.set()
             slowing.join()
+
+
+def _seen(model) -> set[str]:
+    return {record.peer_id for records in model.client.swarm.servers.values() for record in records}
+
+
+def _wait_until_both_seen(model, peers: set[str], timeout_s: float = 30.0) -> None:
+    """The choice is tested, so both candidates must be in the client's view, their round trips
+    measured (a DHT read while the slowed server's DHT node is stopped can come back partial)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        model.client.runtime.run(model.client.swarm.refresh())
+        if _seen(model) >= peers and all(peer in model.client.swarm.rtts_s for peer in peers):
+            return
+        assert time.monotonic() < deadline, f"the client saw only {_seen(model)} of {peers}"
 
 
 def _throttle(server, stop: threading.Event) -> None:
