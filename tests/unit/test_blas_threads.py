@@ -1,5 +1,8 @@
 """The server's choice of OpenBLAS threads for batched passes, from the passes' own times."""
 
+import time
+
+from bloompeer.peer.server import blas_threads
 from bloompeer.peer.server.blas_threads import RETRY_EVERY, BlasThreadChoice
 
 ROWS = 8
@@ -65,3 +68,17 @@ async def test_the_compute_thread_sets_openblas_per_batched_pass_and_leaves_othe
     assert first == [{1}, {cores}]  # each count tried once, on the compute thread itself
     alone = await compute.run(_blas_threads_of_this_thread, rows=ROWS, decode=True)
     assert alone == {cores}  # a pass of one request does not use OpenBLAS: not measured, not set
+
+
+def test_a_pass_on_one_thread_judges_the_other_cores_by_their_idle_ticks(monkeypatch):
+    readings = iter([1000, 1000, 2000, 2004])  # busy: no idle tick in the pass; then free: 4 of ~6
+    monkeypatch.setattr(blas_threads, "_idle_ticks", lambda: next(readings))
+    choice = BlasThreadChoice(max_threads=2)
+    choice._others_ticks_per_s = 100  # one other core, 100 ticks a second
+    choice.run(8, lambda: time.sleep(0.06))  # on one thread (untried), 6 of the other core's ticks
+    assert choice.others_free is False
+    choice.record(8, 2, 0.001)  # two threads already measured faster: the next pass uses them
+    choice.run(8, lambda: time.sleep(0.06))  # and reads no /proc/stat (the readings would run out)
+    choice.record(8, 2, 1.0)  # now slower than one thread
+    choice.run(8, lambda: time.sleep(0.06))
+    assert choice.others_free is True

@@ -52,20 +52,27 @@ class BlasThreadChoice:
         self._set_threads = set_threads
         self._sizes: dict[int, _Size] = {}
         self.others_free = True  # whether the other cores looked free during the last one-thread pass
+        self._others_ticks_per_s = os.sysconf("SC_CLK_TCK") * ((os.cpu_count() or 1) - 1)
 
     def run(self, rows: int, fn: Callable[[], T]) -> T:
-        """fn() on the thread count chosen for a pass of `rows`, timed and recorded."""
+        """fn() on the thread count chosen for a pass of `rows`, timed and recorded; a pass on one
+        thread also says whether the other cores are free."""
         threads = self.choose(rows)
         self._set_threads(threads)
-        idle_before, started = _idle_ticks(), time.perf_counter()
+        idle_before = _idle_ticks() if threads == 1 else None
+        started = time.perf_counter()
         result = fn()
-        seconds, idle_after = time.perf_counter() - started, _idle_ticks()
+        seconds = time.perf_counter() - started
         self.record(rows, threads, seconds)
-        others = (os.cpu_count() or 1) - 1
-        possible = seconds * os.sysconf("SC_CLK_TCK") * others  # the other cores' ticks during the pass
-        if threads == 1 and idle_before is not None and idle_after is not None and possible >= MIN_TICKS:
-            self.others_free = (idle_after - idle_before) >= FREE_IDLE_SHARE * possible
+        if idle_before is not None:
+            self._judge_others(idle_before, seconds)
         return result
+
+    def _judge_others(self, idle_before: int, seconds: float) -> None:
+        possible = seconds * self._others_ticks_per_s  # the other cores' ticks during the pass
+        idle_after = _idle_ticks()
+        if idle_after is not None and possible >= MIN_TICKS:
+            self.others_free = (idle_after - idle_before) >= FREE_IDLE_SHARE * possible
 
     def choose(self, rows: int) -> int:
         size = self._sizes.setdefault(rows.bit_length(), _Size())
@@ -73,14 +80,14 @@ class BlasThreadChoice:
         if untried and (untried[0] == 1 or self.others_free):
             size.since_try = 0
             return untried[0]
-        ranked = sorted(size.seconds, key=size.seconds.__getitem__)
+        fastest = min(size.seconds, key=size.seconds.__getitem__)
         size.since_try += 1
-        slower = next((threads for threads in self.options if threads != ranked[0]), None)
+        slower = next((threads for threads in self.options if threads != fastest), None)
         try_due = slower is not None and size.since_try >= size.retry_every
         if try_due and (slower == 1 or self.others_free):
             size.since_try, size.trying = 0, slower
             return slower
-        return ranked[0]
+        return fastest
 
     def record(self, rows: int, threads: int, seconds: float) -> None:
         size = self._sizes.setdefault(rows.bit_length(), _Size())
