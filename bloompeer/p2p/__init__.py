@@ -5,9 +5,15 @@ serving or routing (that is `peer/`).
 
 Names load on first use (PEP 562), so that light users (the command line's flags, configs)
 import no hivemind or torch.
+
+hivemind itself loads without its package init (see hivemind_package.py): installed here, before
+any module of this package imports hivemind.
 """
 
 from .._lazy import lazy_attributes
+from .hivemind_package import install as _install_hivemind_package
+
+_install_hivemind_package()
 
 _LAZY = {
     "BACKWARD_PROTOCOL": ".messages",

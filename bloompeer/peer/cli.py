@@ -77,6 +77,9 @@ def _report(exc: Exception, verbose: bool) -> None:
 
 def _configure_logging(verbose: bool) -> None:
     with imports_without_gc():  # hivemind imports torch
+        from ..p2p.hivemind_package import install as install_hivemind_package
+
+        install_hivemind_package()  # hivemind then loads without its package init (bloompeer.p2p did it already)
         from hivemind.utils.logging import use_hivemind_log_handler
 
     use_hivemind_log_handler("nowhere")
