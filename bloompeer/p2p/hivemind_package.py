@@ -20,29 +20,27 @@ import types
 
 __all__ = ["install"]
 
-_init_lock = threading.RLock()  # a thread that looks up a name while another runs the init waits for it
+_running_init = threading.local()  # set in a thread while it runs the init
 
 
 class _HivemindPackage(types.ModuleType):
-    _init_running = False
-
     def __getattr__(self, name: str):
         """Only for names not set yet: a submodule still being imported (`import hivemind.p2p.x as y`
-        looks it up here before it is set), or else a name of the package init: run it (once), then
-        look the name up as usual."""
+        looks it up here before it is set), or else a name of the package init: run it, then look
+        the name up as usual. The init is only `from hivemind.x import y` lines and the version, so
+        threads that ask at once may each run it; the import system makes them wait for each other
+        on each submodule (with its deadlock detection, which a lock of ours would not have)."""
         submodule = sys.modules.get(f"{self.__name__}.{name}")
         if submodule is not None:
             return submodule
-        with _init_lock:
-            if type(self) is _HivemindPackage and not _HivemindPackage._init_running:
-                _HivemindPackage._init_running = True
-                try:
-                    self.__spec__.loader.exec_module(self)
-                    self.__class__ = types.ModuleType
-                finally:
-                    _HivemindPackage._init_running = False
-        if type(self) is _HivemindPackage:  # the init itself (in this thread) looked up a name it has not set
+        if getattr(_running_init, "active", False):  # the init itself looked up a name it has not set
             raise AttributeError(f"partially initialized module 'hivemind' has no attribute {name!r}")
+        _running_init.active = True
+        try:
+            self.__spec__.loader.exec_module(self)
+        finally:
+            _running_init.active = False
+        self.__class__ = types.ModuleType  # a plain module from now on
         return getattr(self, name)
 
 

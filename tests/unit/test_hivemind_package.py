@@ -23,7 +23,7 @@ def test_bloompeers_network_modules_load_without_the_package_init():
     """)
 
 
-def test_a_name_of_the_package_init_runs_it_once_on_first_use():
+def test_a_name_of_the_package_init_runs_it_on_first_use():
     _run("""
         import sys, types
         import bloompeer.p2p.node
@@ -43,7 +43,7 @@ def test_a_name_of_the_package_init_runs_it_once_on_first_use():
     """)
 
 
-def test_threads_asking_at_once_all_wait_for_the_one_init():
+def test_threads_asking_at_once_all_get_the_name():
     _run("""
         import threading
         import bloompeer.p2p
