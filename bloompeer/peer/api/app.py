@@ -53,8 +53,10 @@ class ApiState:
 class _CountRequests:
     """ASGI middleware: bloompeer_api_requests_total by endpoint (route path) and status code.
 
-    Plain ASGI rather than BaseHTTPMiddleware, which would get between a streaming response and
-    the client's disconnect."""
+    A request is counted as its response starts, so that a client which has read a response
+    (a stream too, whose last frames may still be on their way out) finds it counted; one that
+    fails before any response counts as a 500. Plain ASGI rather than BaseHTTPMiddleware, which
+    would get between a streaming response and the client's disconnect."""
 
     def __init__(self, app, metrics: ApiMetrics):
         self.app, self.metrics = app, metrics
@@ -62,19 +64,25 @@ class _CountRequests:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        status = {"code": 500}
+        started = False
+
+        def count(code: int) -> None:
+            route = scope.get("route")
+            endpoint = route.path if route is not None and hasattr(route, "path") else "other"
+            self.metrics.requests.labels(endpoint, str(code)).inc()
 
         async def send_counting(message):
+            nonlocal started
             if message["type"] == "http.response.start":
-                status["code"] = message["status"]
+                started = True
+                count(message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, send_counting)
         finally:
-            route = scope.get("route")
-            endpoint = route.path if route is not None and hasattr(route, "path") else "other"
-            self.metrics.requests.labels(endpoint, str(status["code"])).inc()
+            if not started:
+                count(500)
 
 
 def create_app(state: ApiState) -> FastAPI:
