@@ -19,7 +19,7 @@ from transformers import AutoTokenizer, BloomForCausalLM
 
 from bloompeer.p2p import codecs
 from bloompeer.p2p.tensors import FLOAT_DTYPES, tensor_from_wire, tensor_to_wire
-from bloompeer.peer.default_model import DEMO_MODEL_DIR
+from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR
 
 REPEATS = 20
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from bloompeer.peer.default_model import DEMO_DRAFT_MODEL_DIR, DEMO_MODEL_DIR
+from bloompeer.peer.cli.default_model import DEMO_DRAFT_MODEL_DIR, DEMO_MODEL_DIR
 
 __all__ = ["acceptance", "estimated_gain", "heldout_prompts"]
 

@@ -25,8 +25,8 @@ import torch
 from transformers import BloomForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from bloompeer import ClientConfig, DistributedBloomForCausalLM, NetworkConfig
-from bloompeer.peer.default_model import write_random_checkpoint
-from bloompeer.peer.local_swarm import LocalSwarm, split_blocks
+from bloompeer.peer.cli.default_model import write_random_checkpoint
+from bloompeer.peer.cli.local_swarm import LocalSwarm, split_blocks
 
 MODELS = {  # name -> write_random_checkpoint arguments
     "tiny": dict(num_blocks=4, hidden_size=64, num_heads=4, vocab_size=260),

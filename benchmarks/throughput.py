@@ -40,8 +40,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from bloompeer import ClientConfig, DistributedBloomForCausalLM, NetworkConfig
 from bloompeer.blocks import open_checkpoint
 from bloompeer.peer.client.swarm_client import SwarmClient
-from bloompeer.peer.default_model import write_random_checkpoint
-from bloompeer.peer.local_swarm import LocalSwarm
+from bloompeer.peer.cli.default_model import write_random_checkpoint
+from bloompeer.peer.cli.local_swarm import LocalSwarm
 
 MODELS = {  # name -> write_random_checkpoint arguments: the server holds all of the model's blocks
     "tiny": dict(num_blocks=4, hidden_size=64, num_heads=4, vocab_size=260),

@@ -54,8 +54,8 @@ from transformers.generation.streamers import BaseStreamer
 from benchmarks.delay_proxy import free_port
 from bloompeer import ClientConfig, DistributedBloomForCausalLM, NetworkConfig
 from bloompeer.p2p import ping
-from bloompeer.peer.default_model import DEMO_MODEL_DIR, write_random_checkpoint
-from bloompeer.peer.local_swarm import LocalSwarm, PeerProcess, split_blocks
+from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR, write_random_checkpoint
+from bloompeer.peer.cli.local_swarm import LocalSwarm, PeerProcess, split_blocks
 
 RANDOM_MODELS = {  # --model NAME: random weights of this shape (write_random_checkpoint arguments)
     "tiny": dict(num_blocks=6, hidden_size=64, num_heads=4),

@@ -15,8 +15,8 @@ import torch
 from transformers import BloomForCausalLM
 
 from bloompeer.p2p import NetworkConfig, PeerNode
-from bloompeer.peer.default_model import write_random_checkpoint
-from bloompeer.peer.local_swarm import LocalSwarm, stop_in_parallel
+from bloompeer.peer.cli.default_model import write_random_checkpoint
+from bloompeer.peer.cli.local_swarm import LocalSwarm, stop_in_parallel
 
 TINY_BLOCKS = 4
 

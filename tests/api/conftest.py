@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from bloompeer.peer.local_swarm import PeerProcess
+from bloompeer.peer.cli.local_swarm import PeerProcess
 
 START_TIMEOUT_S = 120.0
 

@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from bloompeer.peer.api.decoding import IncrementalText
-from bloompeer.peer.default_model import write_byte_tokenizer
+from bloompeer.peer.cli.default_model import write_byte_tokenizer
 
 
 @pytest.fixture(scope="module")

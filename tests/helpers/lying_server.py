@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from bloompeer.peer.cli import main
+from bloompeer.peer.cli.main import main
 from bloompeer.peer.server.backend import SpanBackend
 
 NUDGE = 0.05  # of each output's own scale: small enough to look plausible, large enough to change tokens

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from bloompeer.peer.local_swarm import PeerProcess
+from bloompeer.peer.cli.local_swarm import PeerProcess
 from tests.swarm.conftest import MARKER_ENV, processes_with_env
 
 __all__ = ["Container", "image_config"]

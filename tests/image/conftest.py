@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BloomForCausalLM
 
-from bloompeer.peer.default_model import DEMO_MODEL_DIR
+from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR
 
 from .build import ImageBuild
 

@@ -21,7 +21,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from bloompeer import ClientConfig, DistributedBloomForCausalLM, NetworkConfig
-from bloompeer.peer.default_model import DEMO_MODEL_DIR
+from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR
 
 from .buildah import Container
 from .conftest import PROMPT

@@ -21,8 +21,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BloomConfig, BloomForCausalLM
 
-from bloompeer.peer.default_model import write_byte_tokenizer
-from bloompeer.peer.local_swarm import PeerProcess
+from bloompeer.peer.cli.default_model import write_byte_tokenizer
+from bloompeer.peer.cli.local_swarm import PeerProcess
 
 from .netns import NatTopology, TopologyError
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BloomForCausalLM
 
-from bloompeer.peer.default_model import DEMO_MODEL_DIR
-from bloompeer.peer.local_swarm import PeerProcess
+from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR
+from bloompeer.peer.cli.local_swarm import PeerProcess
 
 from .conftest import MARKER_ENV, processes_with_env
 
@@ -155,7 +155,7 @@ def test_the_command_line_loads_no_heavy_module_before_it_must():
     """--help and argument checks import neither torch nor hivemind (they take seconds to load). The
     hivemind package itself may be in sys.modules, its init not run (p2p/hivemind_package.py): any
     use of hivemind imports hivemind.utils."""
-    script = ("import sys\nfrom bloompeer.peer.cli import build_parser\nbuild_parser()\n"
+    script = ("import sys\nfrom bloompeer.peer.cli.main import build_parser\nbuild_parser()\n"
               "print(sorted(m for m in ('torch', 'hivemind.utils', 'transformers') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stderr

@@ -7,8 +7,8 @@ import torch
 from transformers import AutoTokenizer, BloomForCausalLM
 
 from bloompeer import DistributedBloomForCausalLM
-from bloompeer.peer.default_model import DEMO_MODEL_DIR
-from bloompeer.peer.local_swarm import LocalSwarm
+from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR
+from bloompeer.peer.cli.local_swarm import LocalSwarm
 
 # scripts/train_demo_model.py reported 31.17 on heldout.txt (and 47.43 on the whole validation split)
 HELDOUT_PERPLEXITY_CEILING = 32.0

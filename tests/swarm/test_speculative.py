@@ -13,7 +13,7 @@ import torch
 from transformers import BloomForCausalLM, LogitsProcessorList
 
 from bloompeer.peer.client.inference_session import InferenceSession
-from bloompeer.peer.default_model import write_random_checkpoint
+from bloompeer.peer.cli.default_model import write_random_checkpoint
 
 from .conftest import AtCall, swarm_client
 

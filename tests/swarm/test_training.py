@@ -13,8 +13,8 @@ from bloompeer import (
     ClientConfig, DistributedBloomForCausalLM, DistributedBloomForSequenceClassification, NetworkConfig,
 )
 from bloompeer.p2p import BACKWARD_PROTOCOL, BackwardRequest, PeerNode, read_frame, write_frame
-from bloompeer.peer.default_model import write_byte_tokenizer
-from bloompeer.peer.local_swarm import LocalSwarm
+from bloompeer.peer.cli.default_model import write_byte_tokenizer
+from bloompeer.peer.cli.local_swarm import LocalSwarm
 from tests.wire import raw_stream
 
 PRE_SEQ_LEN = 4

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer, BloomForCausalLM
 
 from bloompeer.blocks import BlockSpan, open_checkpoint
-from bloompeer.peer.default_model import DEMO_DRAFT_MODEL_DIR, DEMO_MODEL_DIR
+from bloompeer.peer.cli.default_model import DEMO_DRAFT_MODEL_DIR, DEMO_MODEL_DIR
 
 MAX_WEIGHTS_BYTES = 6_000_000
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -90,9 +90,9 @@ def test_the_draft_ships_as_package_data():
 
 
 def test_generate_draft_model_demo_is_the_bundled_draft_and_only_for_the_demo_model(tmp_path):
-    from bloompeer.peer import generate_command
-    from bloompeer.peer.cli import build_parser
-    from bloompeer.peer.default_model import write_random_checkpoint
+    from bloompeer.peer.cli import generate_command
+    from bloompeer.peer.cli.main import build_parser
+    from bloompeer.peer.cli.default_model import write_random_checkpoint
 
     args = build_parser().parse_args(["generate", "x", "--draft-model", "demo"])
     assert Path(args.draft_model) == DEMO_DRAFT_MODEL_DIR

@@ -10,7 +10,7 @@ from bloompeer import __version__
 
 SCRIPT = """
 import subprocess, sys, tempfile
-from bloompeer.peer.forked_cli import ForkedCli
+from bloompeer.peer.cli.forked_cli import ForkedCli
 
 with tempfile.TemporaryFile() as log:
     version = ForkedCli(["--version"], log, {})

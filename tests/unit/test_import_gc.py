@@ -6,7 +6,7 @@ import weakref
 
 import pytest
 
-from bloompeer.peer.import_gc import imports_without_gc
+from bloompeer.peer.cli.import_gc import imports_without_gc
 
 
 @pytest.fixture

@@ -98,10 +98,21 @@ def test_no_import_circle_anywhere():
             visit(module)
 
 
-def test_nothing_imports_the_command_line_entry_point():
-    """cli.py assembles the commands; a command importing it back would tie them all together."""
-    importers = [module for module, targets in _import_graph().items() if "bloompeer.peer.cli" in targets]
+def test_nothing_below_the_command_line_imports_it():
+    """peer/cli/ assembles the commands from client, server and api; a module below importing it
+    back would tie every command to every other (and their flags to the request path)."""
+    def in_cli(module: str) -> bool:
+        return module == "bloompeer.peer.cli" or module.startswith("bloompeer.peer.cli.")
+
+    importers = [module for module, targets in _import_graph().items()
+                 if not in_cli(module) and any(in_cli(target) for target in targets)]
     assert importers == []
+
+
+def test_no_command_modules_outside_the_command_line_room():
+    """The command modules live in peer/cli/; the top of peer/ holds only its rooms (and what they share)."""
+    top = sorted(path.stem for path in (PACKAGE_DIR / "peer").glob("*.py") if path.stem != "__init__")
+    assert not [name for name in top if name.endswith(("_command", "cli")) or name in ("flags", "arguments")], top
 
 
 @pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("bloompeer.peer.")])
@@ -125,7 +136,7 @@ def test_servers_import_none_of_transformers_model_code():
     """A server needs BloomConfig, not transformers' modeling: `modeling_utils` drags in
     torch._dynamo and generation, seconds of CPU before a local swarm's servers can start."""
     heavy = {"transformers.modeling_utils", "transformers.models.bloom.modeling_bloom", "torch._dynamo"}
-    script = ("import sys; from bloompeer.peer.server import server; from bloompeer.peer import serve_command\n"
+    script = ("import sys; from bloompeer.peer.server import server; from bloompeer.peer.cli import serve_command\n"
               f"print(sorted({heavy!r} & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", script], check=True, timeout=300, capture_output=True, text=True)
     assert result.stdout.strip() == "[]", f"a server imports {result.stdout.strip()}"

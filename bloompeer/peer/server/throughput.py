@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
+from pathlib import Path
 
 import torch
 
 from ...blocks import BlockSpan, SessionCache
-from ..paths import cache_dir
 
 __all__ = ["MEASURE_STEPS", "QUICK_STEPS", "measure_throughput", "cached_throughput"]
 
@@ -25,6 +26,14 @@ logger = logging.getLogger(__name__)
 MEASURE_STEPS = 16
 QUICK_STEPS = 2
 WARM_UP_STEPS = 2  # the first steps warm up kernels and allocators
+
+
+def cache_dir() -> Path:
+    """Where measured throughputs are kept between runs: $BLOOMPEER_CACHE, else
+    $XDG_CACHE_HOME/bloompeer, else ~/.cache/bloompeer."""
+    if "BLOOMPEER_CACHE" in os.environ:
+        return Path(os.environ["BLOOMPEER_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bloompeer"
 
 
 def measure_throughput(span: BlockSpan, device: str, dtype: torch.dtype, steps: int = MEASURE_STEPS) -> float:

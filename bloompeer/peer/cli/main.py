@@ -17,10 +17,10 @@ import sys
 import threading
 import time
 
-from .. import _version
-from ..errors import BloompeerError
+from ... import _version
+from ...errors import BloompeerError
 from . import dht_command, generate_command, serve_command, status_command
-from .api import command as api_command
+from . import api_command
 from .flags import check_blocks_within_model
 from .import_gc import imports_without_gc
 from .local_swarm import EXIT_WITH_PARENT_ENV
@@ -77,7 +77,7 @@ def _report(exc: Exception, verbose: bool) -> None:
 
 def _configure_logging(verbose: bool) -> None:
     with imports_without_gc():  # hivemind imports torch
-        from ..p2p.hivemind_package import install as install_hivemind_package
+        from ...p2p.hivemind_package import install as install_hivemind_package
 
         install_hivemind_package()  # hivemind then loads without its package init (bloompeer.p2p did it already)
         from hivemind.utils.logging import use_hivemind_log_handler

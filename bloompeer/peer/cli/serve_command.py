@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace) -> int:
     with imports_without_gc():
-        from .server.server import Server
+        from ..server.server import Server
 
     config = server_config(args)
     stop = signal_event()

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BloompeerError
+from ...errors import BloompeerError
 from .import_gc import imports_without_gc
 from .local_config import local_num_blocks
 
@@ -80,7 +80,7 @@ def model_num_blocks(model: str | Path) -> int:
     """How many blocks a model has: from a local config.json (without importing torch), else its checkpoint."""
     if (num_blocks := local_num_blocks(model)) is not None:
         return num_blocks
-    from ..blocks import open_checkpoint
+    from ...blocks import open_checkpoint
 
     return open_checkpoint(str(model)).config().n_layer
 
@@ -320,4 +320,4 @@ def _import_what_servers_run() -> None:
     with imports_without_gc():
         import uvloop  # noqa: F401  (cli.main runs the server in it)
 
-        from .server import server  # noqa: F401
+        from ..server import server  # noqa: F401

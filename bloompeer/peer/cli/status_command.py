@@ -7,10 +7,10 @@ import json
 from typing import TYPE_CHECKING
 
 from .flags import add_model_flag, add_network_flags, network_config
-from .swarm_status import missing_blocks, status_data
+from ..swarm_status import missing_blocks, status_data
 
 if TYPE_CHECKING:
-    from ..p2p import ServerRecord
+    from ...p2p import ServerRecord
 
 __all__ = ["add_parser", "run", "format_status"]
 
@@ -52,8 +52,8 @@ def format_status(model_uid: str, num_blocks: int, servers: dict[int, list[Serve
 def run(args: argparse.Namespace) -> int:
     import uvloop
 
-    from ..blocks import open_checkpoint
-    from ..p2p import PeerNode
+    from ...blocks import open_checkpoint
+    from ...p2p import PeerNode
 
     async def fetch():
         checkpoint = open_checkpoint(args.model)

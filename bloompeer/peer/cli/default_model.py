@@ -13,7 +13,7 @@ from pathlib import Path
 
 __all__ = ["DEMO_DRAFT_MODEL_DIR", "DEMO_MODEL_DIR", "write_byte_tokenizer", "write_random_checkpoint"]
 
-DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "demo_model"
+DEMO_MODEL_DIR = Path(__file__).resolve().parents[2] / "demo_model"
 DEMO_DRAFT_MODEL_DIR = DEMO_MODEL_DIR / "draft"
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from ..p2p import PeerNode
+    from ...p2p import PeerNode
 
     node = await PeerNode.create(network_config(args, relay_for_others=not args.no_relay))
     try:

@@ -111,7 +111,7 @@ def _generate(args: argparse.Namespace, peers: tuple[str, ...], sampling: dict,
         import torch
         from transformers import AutoTokenizer, StoppingCriteriaList, TextStreamer
 
-        from .client.model import DistributedBloomForCausalLM, draft_overshoot
+        from ..client.model import DistributedBloomForCausalLM, draft_overshoot
 
     if args.seed is not None:
         torch.manual_seed(args.seed)

@@ -54,7 +54,7 @@ def initial_peers(args: argparse.Namespace) -> tuple[str, ...]:
 def network_config(args: argparse.Namespace, client_mode: bool = False, relay_for_others: bool = False,
                    peers: tuple[str, ...] | None = None):
     """peers: the initial peers to use instead of the flags' (a local swarm's)."""
-    from ..p2p import NetworkConfig
+    from ...p2p import NetworkConfig
 
     return NetworkConfig(
         initial_peers=initial_peers(args) if peers is None else peers, host_maddrs=tuple(args.host_maddrs),
@@ -65,7 +65,7 @@ def network_config(args: argparse.Namespace, client_mode: bool = False, relay_fo
 
 def add_server_flags(parser: argparse.ArgumentParser) -> None:
     """What `serve` is told: which blocks, where to compute, its limits, network and monitoring."""
-    from .server.config import ServerConfig
+    from ..server.config import ServerConfig
 
     defaults = ServerConfig(model="", start=None, end=None)
     add_model_flag(parser)
@@ -130,7 +130,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def server_config(args: argparse.Namespace):
-    from .server.config import ServerConfig
+    from ..server.config import ServerConfig
 
     start, end = args.blocks or (None, None)
     return ServerConfig(
@@ -167,7 +167,7 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
 
 def client_config(args: argparse.Namespace, peers: tuple[str, ...] | None = None):
     """peers: the initial peers to use instead of the flags' (a local swarm's)."""
-    from .client.config import ClientConfig
+    from ..client.config import ClientConfig
 
     return ClientConfig(network=network_config(args, client_mode=True, peers=peers),
                         missing_blocks_timeout_s=args.timeout, push=args.push,

@@ -15,10 +15,10 @@ import logging
 import signal
 import socket
 
-from ..arguments import port, positive_int
-from ..flags import add_client_flags, add_model_flag, client_config, initial_peers
-from ..import_gc import imports_without_gc
-from ..local_swarm import start_local_swarm
+from .arguments import port, positive_int
+from .flags import add_client_flags, add_model_flag, client_config, initial_peers
+from .import_gc import imports_without_gc
+from .local_swarm import start_local_swarm
 
 __all__ = ["add_parser", "run"]
 
@@ -66,7 +66,7 @@ def _build_app(args: argparse.Namespace, peers: tuple[str, ...], stack: contextl
         from transformers import AutoTokenizer
 
         from ..client.model import DistributedBloomForCausalLM
-        from .app import ApiState, create_app
+        from ..api.app import ApiState, create_app
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = stack.enter_context(DistributedBloomForCausalLM.from_pretrained(args.model,
