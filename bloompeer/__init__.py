@@ -1,7 +1,7 @@
-"""bloompeer: run BLOOM language models collaboratively over libp2p.
+"""bloompeer: run large language models (BLOOM, Llama, Mistral, Qwen2, Qwen3) collaboratively over libp2p.
 
-    from bloompeer import DistributedBloomForCausalLM
-    model = DistributedBloomForCausalLM.from_pretrained("bigscience/bloom-560m", initial_peers=[...])
+    from bloompeer import AutoDistributedModelForCausalLM
+    model = AutoDistributedModelForCausalLM.from_pretrained("Qwen/Qwen3-0.6B", initial_peers=[...])
 
 The public names load on first use (see _lazy.py).
 """
@@ -11,10 +11,15 @@ from ._version import __version__
 from .errors import BloompeerError
 
 _LAZY = {
+    "AutoDistributedModelForCausalLM": ".peer.client.auto",
+    "AutoDistributedModelForSequenceClassification": ".peer.client.auto",
     "ClientConfig": ".peer.client.config",
-    "DistributedBloomForCausalLM": ".peer.client.model",
-    "DistributedBloomForSequenceClassification": ".peer.client.classification",
-    "DistributedBloomModel": ".peer.client.base",
+    "DistributedBloomForCausalLM": ".peer.client.bloom",
+    "DistributedBloomForSequenceClassification": ".peer.client.bloom",
+    "DistributedBloomModel": ".peer.client.bloom",
+    "DistributedLlamaForCausalLM": ".peer.client.llama",
+    "DistributedLlamaForSequenceClassification": ".peer.client.llama",
+    "DistributedLlamaModel": ".peer.client.llama",
     "ErrorCode": ".p2p.errors",
     "MissingBlocksError": ".peer.client.errors",
     "NetworkConfig": ".p2p.node",

@@ -1,11 +1,20 @@
-"""What is computed: BLOOM blocks, their KV cache and their weights. Plain torch (and numpy's BLAS); no network."""
+"""What is computed: the blocks of every served model family, their KV cache and their weights.
+Plain torch (and numpy's BLAS); no network.
+
+One module per family (bloom.py, llama.py) says what differs; span.py is the loop they share,
+family.py what the rest of bloompeer asks a family, families.py which families there are.
+"""
 
 from .batched_linear import set_blas_threads
-from .checkpoint import CLIENT_TENSOR_PREFIXES, Checkpoint, CheckpointError, block_prefix, open_checkpoint
-from .kv_cache import SessionCache
-from .span import BlockSpan, Segment, attention_bias
+from .checkpoint import Checkpoint, CheckpointError, open_checkpoint
+from .families import FAMILIES, family_for_model_type, family_named, served_model_types
+from .family import ModelFamily
+from .kv_cache import SessionCache, token_positions
+from .rope import ROPE_TYPES
+from .span import BlockSpan, Segment
 
 __all__ = [
-    "BlockSpan", "Checkpoint", "CheckpointError", "CLIENT_TENSOR_PREFIXES", "Segment", "SessionCache",
-    "attention_bias", "block_prefix", "open_checkpoint", "set_blas_threads",
+    "BlockSpan", "Checkpoint", "CheckpointError", "FAMILIES", "ModelFamily", "ROPE_TYPES", "Segment", "SessionCache",
+    "family_for_model_type", "family_named", "open_checkpoint", "served_model_types", "set_blas_threads",
+    "token_positions",
 ]

@@ -1,9 +1,10 @@
-"""Reading a BLOOM checkpoint: its config, and only the tensors a peer needs.
+"""Reading a checkpoint of any served family: its config, its family, and only the tensors a peer needs.
 
 A server holds a few blocks of a model that may be far larger than its disk, and a client holds
-only the embeddings and the final layernorm. Both read the safetensors index first, then open
-only the shard files that hold their tensors: from a local directory, or from the Hugging Face
-hub, in which case only those shards are downloaded (into the usual hub cache).
+only the embeddings, the final norm and the LM head. Both read the safetensors index first, then
+open only the shard files that hold their tensors: from a local directory, or from the Hugging Face
+hub, in which case only those shards are downloaded (into the usual hub cache). A server's span
+loads block by block, so that a block can be transformed (quantized) before the next is read.
 """
 
 from __future__ import annotations
@@ -12,40 +13,36 @@ import hashlib
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 from tqdm.auto import tqdm
-from transformers import BloomConfig
 
 from ..errors import RequestError
+from .families import family_for_model_type
+from .family import ModelFamily
+from .span import BlockSpan
 
-__all__ = ["Checkpoint", "CheckpointError", "open_checkpoint", "block_prefix", "CLIENT_TENSOR_PREFIXES"]
+__all__ = ["Checkpoint", "CheckpointError", "open_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-# Checkpoints saved from BloomForCausalLM prefix every name with "transformer."; those saved
-# from BloomModel (bigscience/bloom-*) do not. Names are compared without it.
-MODEL_PREFIX = "transformer."
-# What a client loads: everything outside the blocks. lm_head is tied to the word embeddings.
-CLIENT_TENSOR_PREFIXES = ("word_embeddings.", "word_embeddings_layernorm.", "ln_f.", "lm_head.")
 
 
 class CheckpointError(RequestError):
-    """The checkpoint is missing, incomplete or not a BLOOM model."""
-
-
-def block_prefix(block_index: int) -> str:
-    return f"h.{block_index}."
+    """The checkpoint is missing, incomplete, or of a model bloompeer does not serve."""
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A BLOOM checkpoint in a local directory or on the hub; files are fetched on demand."""
+    """A checkpoint in a local directory or on the hub; files are fetched on demand."""
 
     name_or_path: str
     local_dir: Path | None  # None: a hub repository
@@ -81,20 +78,40 @@ class Checkpoint:
         except CheckpointError:
             return False
 
-    def config(self) -> BloomConfig:
-        config = BloomConfig.from_json_file(self.file("config.json"))
-        if config.model_type != "bloom":
-            raise CheckpointError(f"{self.name_or_path} is a {config.model_type!r} model, not BLOOM")
+    @cached_property
+    def family(self) -> ModelFamily:
+        model_type = json.loads(self.file("config.json").read_text()).get("model_type")
+        try:
+            return family_for_model_type(model_type)
+        except ValueError as exc:
+            raise CheckpointError(f"{self.name_or_path}: {exc}") from None
+
+    def config(self):
+        """The model's transformers config (BloomConfig, LlamaConfig, Qwen3Config, ...); CheckpointError
+        if bloompeer cannot compute it exactly."""
+        family = self.family
+        config_json = json.loads(self.file("config.json").read_text())
+        config = family.config_class(config_json["model_type"]).from_json_file(self.file("config.json"))
+        try:
+            family.span_class.check_config(config)
+        except ValueError as exc:
+            raise CheckpointError(f"{self.name_or_path}: {exc}") from None
         return config
 
     def weight_map(self) -> dict[str, str]:
-        """Tensor name (without the "transformer." prefix) -> shard file that holds it."""
+        """Tensor name (as the family names it: without a stored prefix) -> shard file that holds it."""
+        return {name: shard for name, (shard, _) in self._stored_names.items()}
+
+    @cached_property
+    def _stored_names(self) -> dict[str, tuple[str, str]]:
+        """Tensor name -> (shard file, the name it is stored under)."""
         if self.has_file(INDEX_FILE):
             raw_map = json.loads(self.file(INDEX_FILE).read_text())["weight_map"]
         else:
             with safe_open(self.file(SINGLE_FILE), framework="pt") as f:
                 raw_map = {name: SINGLE_FILE for name in f.keys()}
-        return {name.removeprefix(MODEL_PREFIX): shard for name, shard in raw_map.items()}
+        prefix = self.family.stored_prefix
+        return {name.removeprefix(prefix) if prefix else name: (shard, name) for name, shard in raw_map.items()}
 
     def fingerprint(self) -> str:
         """A digest of the config and of the tensor layout (names, shards), plus the hub revision.
@@ -108,24 +125,49 @@ class Checkpoint:
         digest.update(json.dumps(sorted(self.weight_map().items())).encode())
         return digest.hexdigest()[:16]
 
-    def load_tensors(self, prefixes: tuple[str, ...], dtype: torch.dtype, desc: str) -> dict[str, torch.Tensor]:
-        """Load every tensor whose name starts with one of `prefixes`, opening only their shards."""
-        by_shard: dict[str, list[str]] = defaultdict(list)
-        for name, shard in self.weight_map().items():
+    def load_tensors(self, prefixes: tuple[str, ...], dtype: torch.dtype, desc: str | None) -> dict[str, torch.Tensor]:
+        """Load every tensor whose name starts with one of `prefixes`, opening only their shards (with a
+        progress bar named `desc`, or none)."""
+        by_shard: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for name, (shard, stored) in self._stored_names.items():
             if name.startswith(prefixes):
-                by_shard[shard].append(name)
+                by_shard[shard].append((name, stored))
         total = sum(len(names) for names in by_shard.values())
-        logger.info("Loading %s: %d tensors from %d shard(s) of %s", desc, total, len(by_shard), self.name_or_path)
+        logger.debug("Loading %s: %d tensors from %d shard(s) of %s", desc, total, len(by_shard), self.name_or_path)
         tensors = {}
-        with tqdm(total=total, desc=desc, unit="tensor", disable=None, leave=False) as progress:
+        with tqdm(total=total, desc=desc, unit="tensor", disable=None if desc else True, leave=False) as progress:
             for shard, names in sorted(by_shard.items()):
                 with safe_open(self.file(shard), framework="pt") as f:
-                    stored_names = set(f.keys())
-                    for name in names:
-                        stored = name if name in stored_names else MODEL_PREFIX + name
+                    for name, stored in names:
                         tensors[name] = f.get_tensor(stored).to(dtype)
                         progress.update()
         return tensors
+
+    def load_span(self, start: int, end: int, dtype: torch.dtype, device: torch.device | str = "cpu",
+                  prepare_block: Callable[[nn.Module], None] | None = None) -> BlockSpan:
+        """Blocks [start, end) of this model, read block by block from the shards that hold them.
+
+        prepare_block (a quantizer, say) runs on each block once its weights are in place, before
+        the next block is read, so the span's float weights never sit in memory all at once."""
+        family, config = self.family, self.config()
+        with torch.device("meta"):
+            span = family.span_class(config, start, end)
+        logger.info("Loading blocks %d:%d of %s", start, end, self.name_or_path)
+        blocks = tqdm(zip(range(start, end), span.blocks), total=end - start, desc=f"blocks {start}:{end}",
+                      unit="block", disable=None, leave=False)
+        for index, block in blocks:
+            prefix = family.block_prefix(index)
+            tensors = self.load_tensors((prefix,), dtype, desc=None)
+            state = {name.removeprefix(prefix): tensor for name, tensor in tensors.items()}
+            try:
+                block.load_state_dict(state, strict=True, assign=True)
+            except RuntimeError as exc:
+                raise CheckpointError(f"{self.name_or_path}: block {index}'s tensors do not fit the config: {exc}") \
+                    from None
+            block.to(device).eval().requires_grad_(False)
+            if prepare_block is not None:
+                prepare_block(block)
+        return span.eval().requires_grad_(False)
 
 
 def open_checkpoint(name_or_path: str | Path, revision: str | None = None, cache_dir: str | None = None) -> Checkpoint:

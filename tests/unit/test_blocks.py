@@ -5,7 +5,8 @@ import shutil
 import pytest
 import torch
 
-from bloompeer.blocks import BlockSpan, SessionCache, block_prefix, open_checkpoint
+from bloompeer.blocks import open_checkpoint
+from bloompeer.blocks.bloom import BLOOM, BloomSpan
 
 IDS = torch.tensor([[0, 0, 5, 6, 7, 8, 9], [11, 12, 13, 14, 15, 16, 17]])
 MASK = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
@@ -22,8 +23,7 @@ def _logits(reference, hidden):
 @pytest.fixture(scope="module")
 def spans(tiny_checkpoint):
     checkpoint = open_checkpoint(tiny_checkpoint)
-    return BlockSpan.from_checkpoint(checkpoint, 0, 1, torch.float32), BlockSpan.from_checkpoint(
-        checkpoint, 1, 4, torch.float32)
+    return checkpoint.load_span(0, 1, torch.float32), checkpoint.load_span(1, 4, torch.float32)
 
 
 @torch.no_grad()
@@ -41,7 +41,7 @@ def test_incremental_steps_with_cache_equal_hf(spans, reference_model, tiny_chec
     config = open_checkpoint(tiny_checkpoint).config()
     expected = reference_model(IDS, attention_mask=MASK).logits
     hidden = _embed(reference_model, IDS)
-    caches = [SessionCache(config, span.start, span.end, batch=2, max_length=16, dtype=torch.float32)
+    caches = [span.new_cache(span.start, span.end, batch=2, max_length=16, dtype=torch.float32)
               for span in spans]
     outputs = []
     for position, num_new in [(0, 4), (4, 1), (5, 2)]:
@@ -60,7 +60,7 @@ def test_rewind_and_reorder(spans, tiny_checkpoint):
     config = open_checkpoint(tiny_checkpoint).config()
     span = spans[1]
     hidden = torch.randn(2, 5, config.hidden_size)
-    cache = SessionCache(config, span.start, span.end, batch=2, max_length=8, dtype=torch.float32)
+    cache = span.new_cache(span.start, span.end, batch=2, max_length=8, dtype=torch.float32)
     span(hidden[:, :3], cache.begin_step(0, None, 3), cache)
     span(torch.randn(2, 2, config.hidden_size), cache.begin_step(3, None, 2), cache)  # to be overwritten
     rewound = span(hidden[:, 3:], cache.begin_step(3, None, 2), cache)
@@ -78,25 +78,25 @@ def test_loading_reads_only_the_shards_of_its_blocks(tiny_checkpoint, tmp_path, 
     """A server of blocks 2:4 works with every other shard deleted from its copy of the checkpoint."""
     checkpoint = open_checkpoint(tiny_checkpoint)
     weight_map = checkpoint.weight_map()
-    needed = {shard for name, shard in weight_map.items() if name.startswith((block_prefix(2), block_prefix(3)))}
+    needed = {shard for name, shard in weight_map.items() if name.startswith((BLOOM.block_prefix(2), BLOOM.block_prefix(3)))}
     assert len(set(weight_map.values()) - needed) >= 2, "the fixture must shard the checkpoint finely"
     for path in tiny_checkpoint.iterdir():
         if path.suffix != ".safetensors" or path.name in needed:
             shutil.copy(path, tmp_path / path.name)
-    span = BlockSpan.from_checkpoint(open_checkpoint(tmp_path), 2, 4, torch.float32)
+    span = open_checkpoint(tmp_path).load_span(2, 4, torch.float32)
     for offset, block in enumerate(span.blocks):
         reference = reference_model.transformer.h[2 + offset].state_dict()
         for name, tensor in block.state_dict().items():
             assert torch.equal(tensor, reference[name]), name
     with pytest.raises(Exception):  # and the deleted shards really were needed by other blocks
-        BlockSpan.from_checkpoint(open_checkpoint(tmp_path), 0, 1, torch.float32)
+        open_checkpoint(tmp_path).load_span(0, 1, torch.float32)
 
 
 def test_span_refuses_ranges_outside_the_model(tiny_checkpoint):
     config = open_checkpoint(tiny_checkpoint).config()
     for start, end in [(0, 0), (3, 2), (0, 5), (-1, 2)]:
         with pytest.raises(ValueError):
-            BlockSpan(config, start, end)
+            BloomSpan(config, start, end)
 
 
 @torch.no_grad()
@@ -109,7 +109,7 @@ def test_one_request_alone_is_bitwise_hf(spans, reference_model):
 
 @pytest.fixture(scope="module")
 def span_with_batched_linears(tiny_checkpoint):
-    span = BlockSpan.from_checkpoint(open_checkpoint(tiny_checkpoint), 1, 4, torch.float32)
+    span = open_checkpoint(tiny_checkpoint).load_span(1, 4, torch.float32)
     assert span.keep_batched_linears() == sum(p.numel() * 4 for n, p in span.named_parameters()
                                               if n.endswith(".weight") and p.dim() == 2)
     return span
@@ -117,7 +117,7 @@ def span_with_batched_linears(tiny_checkpoint):
 
 @torch.no_grad()
 def test_a_request_alone_stays_bitwise_hf_with_batched_linears_kept(tiny_checkpoint, reference_model):
-    span = BlockSpan.from_checkpoint(open_checkpoint(tiny_checkpoint), 0, 3, torch.float32)
+    span = open_checkpoint(tiny_checkpoint).load_span(0, 3, torch.float32)
     span.keep_batched_linears()
     expected = reference_model(IDS, attention_mask=MASK, output_hidden_states=True).hidden_states
     hidden = span(_embed(reference_model, IDS), MASK.bool())
@@ -145,7 +145,7 @@ def test_batched_segments_equal_separate_requests(spans, span_with_batched_linea
     def sessions():
         caches, steps = [], []
         for (batch, num_new), cached in zip(shapes, prefixes):
-            cache = SessionCache(config, span.start, span.end, batch, 16, torch.float32)
+            cache = span.new_cache(span.start, span.end, batch, 16, torch.float32)
             if cached:
                 span(torch.randn(batch, cached, config.hidden_size), cache.begin_step(0, None, cached), cache)
             caches.append(cache)
@@ -170,10 +170,10 @@ def test_batched_segments_equal_separate_requests(spans, span_with_batched_linea
 def test_layers_hold_the_parameters_of_hfs_block(tiny_checkpoint):
     from transformers.models.bloom.modeling_bloom import BloomBlock
 
-    from bloompeer.blocks.layers import BlockLayers
+    from bloompeer.blocks.bloom import BloomBlock as OurBlock
 
     config = open_checkpoint(tiny_checkpoint).config()
-    ours = {name: tuple(p.shape) for name, p in BlockLayers(config, 0).named_parameters()}
+    ours = {name: tuple(p.shape) for name, p in OurBlock(config, 0).named_parameters()}
     theirs = {name: tuple(p.shape) for name, p in BloomBlock(config, layer_idx=0).named_parameters()}
     assert ours == theirs
 
@@ -182,7 +182,7 @@ def test_layers_hold_the_parameters_of_hfs_block(tiny_checkpoint):
 def test_alibi_bias_is_hfs_to_the_bit(num_heads):
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
-    from bloompeer.blocks.layers import alibi_bias
+    from bloompeer.blocks.bloom import alibi_bias
 
     for dtype in (torch.float32, torch.bfloat16):
         assert torch.equal(alibi_bias(MASK, num_heads, dtype), build_alibi_tensor(MASK, num_heads, dtype))
@@ -191,7 +191,7 @@ def test_alibi_bias_is_hfs_to_the_bit(num_heads):
 def test_gelu_is_hfs_to_the_bit_and_its_gradient_too():
     from transformers.models.bloom.modeling_bloom import BloomGelu
 
-    from bloompeer.blocks.layers import bloom_gelu
+    from bloompeer.blocks.bloom import bloom_gelu
 
     torch.manual_seed(0)
     x = (torch.randn(4096) * 4).requires_grad_()

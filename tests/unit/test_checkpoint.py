@@ -7,7 +7,8 @@ import huggingface_hub.constants
 import pytest
 import torch
 
-from bloompeer.blocks import BlockSpan, CheckpointError, block_prefix, open_checkpoint
+from bloompeer.blocks import CheckpointError, open_checkpoint
+from bloompeer.blocks.bloom import BLOOM
 
 REPO = "bloompeer-test/tiny-bloom"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -23,7 +24,7 @@ def partial_hub_cache(tiny_checkpoint, tmp_path, monkeypatch):
     (repo_dir / "refs").mkdir()
     (repo_dir / "refs" / "main").write_text(COMMIT)
     weight_map = open_checkpoint(tiny_checkpoint).weight_map()
-    needed = {shard for name, shard in weight_map.items() if name.startswith((block_prefix(2), block_prefix(3)))}
+    needed = {shard for name, shard in weight_map.items() if name.startswith((BLOOM.block_prefix(2), BLOOM.block_prefix(3)))}
     for path in tiny_checkpoint.iterdir():
         if path.suffix != ".safetensors" or path.name in needed:
             shutil.copy(path, snapshot / path.name)
@@ -33,7 +34,7 @@ def partial_hub_cache(tiny_checkpoint, tmp_path, monkeypatch):
 def test_a_hub_name_loads_from_the_hub_cache(partial_hub_cache, reference_model):
     checkpoint = open_checkpoint(REPO, cache_dir=str(partial_hub_cache))
     assert checkpoint.local_dir is None and checkpoint.model_uid == "tiny-bloom"
-    span = BlockSpan.from_checkpoint(checkpoint, 2, 4, torch.float32)
+    span = checkpoint.load_span(2, 4, torch.float32)
     expected = reference_model.transformer.h[3].state_dict()
     assert all(torch.equal(t, expected[n]) for n, t in span.blocks[1].state_dict().items())
 
@@ -41,7 +42,7 @@ def test_a_hub_name_loads_from_the_hub_cache(partial_hub_cache, reference_model)
 def test_a_missing_shard_is_a_clear_error(partial_hub_cache):
     checkpoint = open_checkpoint(REPO, cache_dir=str(partial_hub_cache))
     with pytest.raises(CheckpointError, match="has no file"):
-        BlockSpan.from_checkpoint(checkpoint, 0, 1, torch.float32)
+        checkpoint.load_span(0, 1, torch.float32)
 
 
 def test_fingerprint_is_the_same_from_the_hub_and_from_a_directory(partial_hub_cache, tiny_checkpoint):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BloomForCausalLM
 
-from bloompeer.blocks import BlockSpan, open_checkpoint
+from bloompeer.blocks import open_checkpoint
 from bloompeer.peer.cli.default_model import DEMO_DRAFT_MODEL_DIR, DEMO_MODEL_DIR
 
 MAX_WEIGHTS_BYTES = 6_000_000
@@ -39,7 +39,7 @@ def draft() -> BloomForCausalLM:
 
 def test_the_draft_is_small_and_has_the_demo_models_tokenizer(target, draft):
     assert (DEMO_DRAFT_MODEL_DIR / "model.safetensors").stat().st_size <= MAX_WEIGHTS_BYTES
-    assert draft.config.n_layer < target.config.n_layer
+    assert draft.config.num_hidden_layers < target.config.n_layer
     assert draft.config.vocab_size == target.config.vocab_size
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (DEMO_DRAFT_MODEL_DIR / name).read_bytes() == (DEMO_MODEL_DIR / name).read_bytes(), name
@@ -52,8 +52,8 @@ def test_the_draft_is_small_and_has_the_demo_models_tokenizer(target, draft):
 
 def test_our_checkpoint_loader_reads_the_same_blocks_as_transformers(draft):
     checkpoint = open_checkpoint(DEMO_DRAFT_MODEL_DIR)
-    assert checkpoint.config().n_layer == draft.config.n_layer
-    span = BlockSpan.from_checkpoint(checkpoint, 0, draft.config.n_layer, torch.float32)
+    assert checkpoint.config().n_layer == draft.config.num_hidden_layers
+    span = checkpoint.load_span(0, draft.config.num_hidden_layers, torch.float32)
     for ours, theirs in zip(span.blocks, draft.transformer.h, strict=True):
         expected = theirs.state_dict()
         assert all(torch.equal(tensor, expected[name]) for name, tensor in ours.state_dict().items())

@@ -3,8 +3,10 @@ import bloompeer
 
 def test_public_names_are_pinned():
     assert sorted(bloompeer.__all__) == sorted([
-        "__version__", "BloompeerError", "ClientConfig", "DistributedBloomForCausalLM",
-        "DistributedBloomForSequenceClassification", "DistributedBloomModel",
+        "__version__", "AutoDistributedModelForCausalLM", "AutoDistributedModelForSequenceClassification",
+        "BloompeerError", "ClientConfig", "DistributedBloomForCausalLM",
+        "DistributedBloomForSequenceClassification", "DistributedBloomModel", "DistributedLlamaForCausalLM",
+        "DistributedLlamaForSequenceClassification", "DistributedLlamaModel",
         "ErrorCode", "MissingBlocksError", "NetworkConfig", "NetworkError", "PeerBusyError", "PeerUnavailableError",
         "ProtocolError", "RemoteError",
     ])

@@ -6,7 +6,6 @@ import asyncio
 import pytest
 import torch
 
-from bloompeer.blocks import SessionCache
 from bloompeer.p2p import Step
 from bloompeer.peer.server import scheduler as scheduler_module
 from bloompeer.peer.server.scheduler import Scheduler
@@ -36,7 +35,7 @@ async def test_staggered_steps_of_the_previous_pass_share_the_next(span, compute
                           max_batch_sessions=max_batch_sessions)
     runner = asyncio.create_task(scheduler.run())
     try:
-        caches = [SessionCache(CONFIG, 0, 2, 1, 16, torch.float32) for _ in range(3)]
+        caches = [span.new_cache(0, 2, 1, 16, torch.float32) for _ in range(3)]
         await _round(scheduler, caches, 0.0)  # sent together
         assert scheduler.batches_run == 3 if max_batch_sessions == 1 else 1
         before = scheduler.batches_run
@@ -52,7 +51,7 @@ async def test_a_session_that_does_not_come_back_delays_the_others_only_briefly(
     scheduler = Scheduler(span, compute, max_batch_tokens=64, device="cpu", dtype=torch.float32)
     runner = asyncio.create_task(scheduler.run())
     try:
-        gone, staying = (SessionCache(CONFIG, 0, 2, 1, 16, torch.float32) for _ in range(2))
+        gone, staying = (span.new_cache(0, 2, 1, 16, torch.float32) for _ in range(2))
         await asyncio.gather(scheduler.step(gone, _step(gone)), scheduler.step(staying, _step(staying)))
         for _ in range(3):  # `gone` never steps again: each wait ends at its deadline
             await asyncio.wait_for(scheduler.step(staying, _step(staying)), 30)

@@ -40,13 +40,13 @@ async def test_budget_waits_for_room_then_refuses_with_numbers():
     assert info.value.code is ErrorCode.TOO_LARGE
 
 
-async def test_registry_limits_sessions_per_peer_and_frees_on_close_and_expiry():
+async def test_registry_limits_sessions_per_peer_and_frees_on_close_and_expiry(span):
     budget = CacheBudget(total_bytes=1000, bytes_per_token=10)
     registry = SessionRegistry(budget, max_sessions_per_peer=2, session_timeout_s=0.2)
     expired = []
 
     def make_cache():
-        return SessionCache(CONFIG, 0, 2, 1, 4, torch.float32)
+        return span.new_cache(0, 2, 1, 4, torch.float32)
 
     async def deliver(message):
         pass
@@ -71,7 +71,7 @@ async def test_registry_limits_sessions_per_peer_and_frees_on_close_and_expiry()
 
 
 def _session(span, batch, cached):
-    cache = SessionCache(CONFIG, span.start, span.end, batch, 64, torch.float32)
+    cache = span.new_cache(span.start, span.end, batch, 64, torch.float32)
     if cached:
         with torch.inference_mode():
             span(torch.randn(batch, cached, CONFIG.hidden_size), cache.begin_step(0, None, cached), cache)
@@ -161,7 +161,7 @@ async def test_a_failing_request_in_a_batch_fails_alone(span, compute):
     runner = None
     try:
         good = _session(span, 1, 2)
-        bad = _BrokenCache(CONFIG, 0, 2, 1, 8, torch.float32)
+        bad = _BrokenCache(span.kv_heads, span.head_dim, 0, 2, 1, 8, torch.float32)
         results = asyncio.gather(scheduler.step(good, Step(2, torch.randn(1, 1, 32))),
                                  scheduler.step(bad, Step(0, torch.randn(1, 1, 32))), return_exceptions=True)
         await _until(lambda: scheduler.queue_depth == 2)  # both in one pass

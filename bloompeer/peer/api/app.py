@@ -1,6 +1,6 @@
 """The FastAPI app of `bloompeer api`: OpenAI's /v1 endpoints, the dashboard at / and /metrics.
 
-One DistributedBloomForCausalLM serves every request; each request's generate() runs on a
+One distributed causal LM (of any family) serves every request; each request's generate() runs on a
 thread of a bounded pool (see generation.py). The pool's size bounds the sessions this client
 opens at once, which servers also limit per client (`--max-sessions-per-peer`, 16 by default);
 requests beyond it wait for a thread.
@@ -30,7 +30,7 @@ DEFAULT_MAX_CONCURRENT_GENERATIONS = 16  # servers' default --max-sessions-per-p
 class ApiState:
     """What every request handler shares: the model, its tokenizer and names, metrics, threads."""
 
-    model: object  # DistributedBloomForCausalLM
+    model: object  # a DistributedCausalLMMixin model (DistributedBloomForCausalLM, DistributedLlamaForCausalLM)
     tokenizer: object
     model_id: str  # as /v1/models lists it: the checkpoint's name, under which the swarm serves it
     aliases: frozenset[str] = frozenset()  # other names a request may use, e.g. the --model path as given

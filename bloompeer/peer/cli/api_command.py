@@ -65,12 +65,12 @@ def _build_app(args: argparse.Namespace, peers: tuple[str, ...], stack: contextl
     with imports_without_gc():
         from transformers import AutoTokenizer
 
-        from ..client.model import DistributedBloomForCausalLM
+        from ..client.auto import AutoDistributedModelForCausalLM
         from ..api.app import ApiState, create_app
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = stack.enter_context(DistributedBloomForCausalLM.from_pretrained(args.model,
-                                                                             client_config=client_config(args, peers)))
+    model = stack.enter_context(AutoDistributedModelForCausalLM.from_pretrained(
+        args.model, client_config=client_config(args, peers)))
     model.client.runtime.run(model.client.swarm.refresh())
     state = ApiState(model, tokenizer, model.client.swarm.model_uid, aliases=frozenset({args.model}),
                      max_concurrent_generations=args.max_concurrent)

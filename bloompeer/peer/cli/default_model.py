@@ -34,22 +34,29 @@ def write_byte_tokenizer(directory: Path) -> int:
     return len(vocab)
 
 
-def write_random_checkpoint(directory: Path, *, num_blocks: int = 4, hidden_size: int = 64, num_heads: int = 4,
-                            vocab_size: int | None = None, seed: int = 0, max_shard_size: str = "5MB",
-                            dtype: str = "float32", initializer_range: float = 0.02) -> Path:
-    """Save a random-weight BLOOM (sharded safetensors) with the byte-level tokenizer.
+def write_random_checkpoint(directory: Path, *, model_type: str = "bloom", num_blocks: int = 4, hidden_size: int = 64,
+                            num_heads: int = 4, vocab_size: int | None = None, seed: int = 0,
+                            max_shard_size: str = "5MB", dtype: str = "float32", initializer_range: float = 0.02,
+                            **config_fields) -> Path:
+    """Save a random-weight model (sharded safetensors) with the byte-level tokenizer.
 
-    initializer_range: the weights' std; transformers' default 0.02 makes a model that mostly repeats
-    its last token, a larger one (0.1 and up) a model whose next token depends on the context."""
+    model_type: "bloom", or one of the Llama family's ("llama", "mistral", "qwen2", "qwen3"), whose
+    config takes `config_fields` too (num_key_value_heads, head_dim, rope_parameters, sliding_window,
+    tie_word_embeddings, ...; num_key_value_heads defaults to half the heads, intermediate_size to 3 x
+    hidden). initializer_range: the weights' std; transformers' default 0.02 makes a model that mostly
+    repeats its last token, a larger one (0.1 and up) a model whose next token depends on the context."""
     import torch
-    from transformers import BloomConfig, BloomForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer_vocab = write_byte_tokenizer(directory)
-    config = BloomConfig(vocab_size=vocab_size or tokenizer_vocab, hidden_size=hidden_size, n_layer=num_blocks,
-                         n_head=num_heads, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                         initializer_range=initializer_range)
+    common = dict(vocab_size=vocab_size or tokenizer_vocab, hidden_size=hidden_size, num_hidden_layers=num_blocks,
+                  num_attention_heads=num_heads, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                  initializer_range=initializer_range)
+    if model_type != "bloom":
+        common.update(num_key_value_heads=max(1, num_heads // 2), intermediate_size=3 * hidden_size)
+    config = AutoConfig.for_model(model_type, **(common | config_fields))
     torch.manual_seed(seed)
-    model = BloomForCausalLM(config).to(getattr(torch, dtype)).eval()
+    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype)).eval()
     model.save_pretrained(directory, max_shard_size=max_shard_size)
     return directory

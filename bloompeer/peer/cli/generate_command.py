@@ -111,7 +111,8 @@ def _generate(args: argparse.Namespace, peers: tuple[str, ...], sampling: dict,
         import torch
         from transformers import AutoTokenizer, StoppingCriteriaList, TextStreamer
 
-        from ..client.model import DistributedBloomForCausalLM, draft_overshoot
+        from ..client.auto import AutoDistributedModelForCausalLM
+        from ..client.model import draft_overshoot
 
     if args.seed is not None:
         torch.manual_seed(args.seed)
@@ -122,7 +123,7 @@ def _generate(args: argparse.Namespace, peers: tuple[str, ...], sampling: dict,
     speculation = _speculation_kwargs(args)
     if speculation:
         max_length += draft_overshoot(args.prompt_lookup)
-    with DistributedBloomForCausalLM.from_pretrained(model_path, client_config=client_config(args, peers)) as model, \
+    with AutoDistributedModelForCausalLM.from_pretrained(model_path, client_config=client_config(args, peers)) as model, \
             model.inference_session(max_length) as session:
         if swarm_ready is not None:
             swarm_ready()

@@ -82,7 +82,7 @@ def model_num_blocks(model: str | Path) -> int:
         return num_blocks
     from ...blocks import open_checkpoint
 
-    return open_checkpoint(str(model)).config().n_layer
+    return open_checkpoint(str(model)).config().num_hidden_layers
 
 
 class PeerProcess:

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     async def fetch():
         checkpoint = open_checkpoint(args.model)
-        num_blocks = checkpoint.config().n_layer
+        num_blocks = checkpoint.config().num_hidden_layers
         node = await PeerNode.create(network_config(args, client_mode=True))
         try:
             return checkpoint.model_uid, num_blocks, await node.directory.find_servers(checkpoint.model_uid,

@@ -1,10 +1,10 @@
-"""What every distributed BLOOM model class shares: the client's part of the model, loading it
-from a checkpoint, joining the swarm, and the trainable prompts of prompt tuning.
+"""What every distributed model class shares, whatever its family: the client's part of the model,
+loading it from a checkpoint, joining the swarm, and the trainable prompts of prompt tuning.
 
-The client holds the word embeddings, their layernorm and the final layernorm; every block in
-between runs on servers. With tuning_mode="ptune", `pre_seq_len` trainable prompt embeddings are
-put before the input; with "deep_ptune", trainable prompts are also added to those positions
-before every block (the servers add them; their weights stay frozen).
+The client holds the embeddings, the final norm and the LM head (the tensors its family says a
+client keeps); every block in between runs on servers. With tuning_mode="ptune", `pre_seq_len`
+trainable prompt embeddings are put before the input; with "deep_ptune", trainable prompts are also
+added to those positions before every block (the servers add them; their weights stay frozen).
 """
 
 from __future__ import annotations
@@ -14,18 +14,17 @@ import threading
 
 import torch
 from torch import nn
-from transformers import BloomConfig, GenerationConfig
-from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
-from transformers.models.bloom.modeling_bloom import BloomPreTrainedModel
+from transformers import GenerationConfig
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from ...blocks import CLIENT_TENSOR_PREFIXES, Checkpoint, open_checkpoint
+from ...blocks import Checkpoint, open_checkpoint
 from ...p2p import NetworkConfig
 from .config import ClientConfig
 from .inference_session import InferenceSession
 from .remote_cache import RemoteCache
 from .swarm_client import SwarmClient
 
-__all__ = ["CallsInThisThread", "DistributedBloomModel", "DistributedModelMixin", "TUNING_MODES"]
+__all__ = ["CallsInThisThread", "DistributedModelMixin", "RemoteBlocksModel", "TUNING_MODES"]
 
 TUNING_MODES = (None, "ptune", "deep_ptune")
 
@@ -55,30 +54,40 @@ class CallsInThisThread(threading.local):
         return self.kept_session or self.generate_session
 
 
-class DistributedBloomModel(BloomPreTrainedModel):
-    """BloomModel with remote blocks: embeddings (+ prompts) -> swarm -> final layernorm.
+class RemoteBlocksModel:
+    """The base model of every family with its blocks in the swarm: embeddings (+ prompts) -> swarm ->
+    final norm. A mixin of the family's transformers PreTrainedModel (DistributedBloomModel,
+    DistributedLlamaModel), which holds the family's local modules and says, in `embed`,
+    `to_swarm` and `final_norm`, how they are used; everything else is the same for every family.
 
-    It is a transformers model so that everything built on BloomModel (generate, heads, PEFT-style
-    prompt tuning, the Trainer) works unchanged; only the blocks are swapped for the swarm. With a
-    session (generate's cache, or model.inference_session()) a forward is one decode step of that
-    session; without one it is a full, differentiable forward that keeps nothing on the servers.
+    It is a transformers model so that everything built on one (generate, heads, PEFT-style prompt
+    tuning, the Trainer) works unchanged; only the blocks are swapped for the swarm. With a session
+    (generate's cache, or model.inference_session()) a forward is one decode step of that session;
+    without one it is a full, differentiable forward that keeps nothing on the servers.
     """
 
-    def __init__(self, config: BloomConfig, tuning_mode: str | None = None, pre_seq_len: int = 0):
-        super().__init__(config)
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def to_swarm(self, inputs_embeds: torch.Tensor) -> torch.Tensor:
+        """What the first block takes, from the embeddings (BLOOM: their layernorm)."""
+        raise NotImplementedError
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _init_remote(self, config, tuning_mode: str | None, pre_seq_len: int) -> None:
+        """The prompts of prompt tuning, and no swarm connection yet (from_pretrained makes it)."""
         if tuning_mode not in TUNING_MODES or (tuning_mode is not None and pre_seq_len < 1):
             raise ValueError(f"tuning_mode must be one of {TUNING_MODES}, with pre_seq_len >= 1 for prompt tuning")
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.word_embeddings_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
-        self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         self.tuning_mode, self.pre_seq_len = tuning_mode, pre_seq_len if tuning_mode else 0
         if tuning_mode:
             self.prompt_embeddings = nn.Embedding(pre_seq_len, config.hidden_size)
         if tuning_mode == "deep_ptune":
-            self.intermediate_prompt_embeddings = nn.Embedding(pre_seq_len, config.n_layer * config.hidden_size)
+            self.intermediate_prompt_embeddings = nn.Embedding(pre_seq_len,
+                                                               config.num_hidden_layers * config.hidden_size)
         self.client: SwarmClient | None = None  # set by from_pretrained: the connection to the swarm
         self.calls = CallsInThisThread()
-        self.post_init()
 
     def init_prompts(self) -> None:
         """Input prompts like word embeddings; deep prompts at zero (so they start as plain ptune)."""
@@ -86,12 +95,6 @@ class DistributedBloomModel(BloomPreTrainedModel):
             nn.init.normal_(self.prompt_embeddings.weight, std=self.config.initializer_range)
         if self.tuning_mode == "deep_ptune":
             nn.init.zeros_(self.intermediate_prompt_embeddings.weight)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.word_embeddings
-
-    def set_input_embeddings(self, new_embeddings: nn.Embedding) -> None:
-        self.word_embeddings = new_embeddings
 
     def _with_prompts(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None):
         """Prepend the input prompts; the deep prompts as servers take them ([blocks, batch, k, hidden])."""
@@ -105,12 +108,15 @@ class DistributedBloomModel(BloomPreTrainedModel):
         deep = None
         if self.tuning_mode == "deep_ptune":
             weight = self.intermediate_prompt_embeddings.weight.to(inputs_embeds.dtype)
-            deep = weight.view(k, self.config.n_layer, -1).permute(1, 0, 2)[:, None].expand(-1, batch, -1, -1)
+            deep = weight.view(k, self.config.num_hidden_layers, -1).permute(1, 0, 2)[:, None].expand(-1, batch, -1, -1)
         return inputs_embeds, attention_mask, deep
 
     def forward(self, input_ids=None, cache=None, attention_mask=None, inputs_embeds=None, use_cache=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
-        """Hidden states after the last block and ln_f (prompt positions removed)."""
+        """Hidden states after the last block and the final norm (prompt positions removed).
+
+        Positions are the servers' business: each token's is the count of real (unpadded) tokens
+        before it, as transformers' generate counts them (position_ids are not taken)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if output_attentions or output_hidden_states:
@@ -119,16 +125,16 @@ class DistributedBloomModel(BloomPreTrainedModel):
             raise ValueError("a distributed model keeps its cache on the servers: use generate() or "
                              "model.inference_session() instead of passing a cache")
         if inputs_embeds is None:
-            inputs_embeds = self.word_embeddings(input_ids)
+            inputs_embeds = self.embed(input_ids)
         session = cache.session if isinstance(cache, RemoteCache) else self.calls.kept_session
         if session is not None:
             hidden = self._step(session, cache, inputs_embeds, attention_mask)
         else:
             inputs_embeds, attention_mask, deep_prompts = self._with_prompts(inputs_embeds, attention_mask)
-            hidden = self.word_embeddings_layernorm(inputs_embeds)
+            hidden = self.to_swarm(inputs_embeds)
             hidden = self.client.forward(hidden, _wire_padding_mask(attention_mask, hidden.shape[1]), deep_prompts)
             hidden = hidden[:, self.pre_seq_len:]
-        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=self.ln_f(hidden), cache=cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.final_norm(hidden), cache=cache)
 
     def _step(self, session: InferenceSession, cache: RemoteCache | None, inputs_embeds: torch.Tensor,
               attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -137,7 +143,7 @@ class DistributedBloomModel(BloomPreTrainedModel):
         num_new, deep_prompts = inputs_embeds.shape[1], None
         if session.position == 0:
             inputs_embeds, attention_mask, deep_prompts = self._with_prompts(inputs_embeds, attention_mask)
-        hidden = self.word_embeddings_layernorm(inputs_embeds)  # [batch, new (+ prompts), hidden]
+        hidden = self.to_swarm(inputs_embeds)  # [batch, new (+ prompts), hidden]
         hypo_ids = cache.take_hypo_ids() if cache is not None else None
         padding_mask = _wire_padding_mask(attention_mask, hidden.shape[1])
         hidden = self.client.runtime.run(session.step(hidden, padding_mask, hypo_ids, deep_prompts))
@@ -148,11 +154,10 @@ class DistributedModelMixin:
     """from_pretrained, the swarm connection and its lifetime, for the distributed model classes.
 
     A mixin rather than a base class, because each model class must also be the matching
-    transformers class (BloomPreTrainedModel with its own head) for generate and the Trainer to
-    treat it as one.
+    transformers class (its family's PreTrainedModel with its own head) for generate and the
+    Trainer to treat it as one. `remote` is the model's RemoteBlocksModel, under the attribute its
+    family's transformers classes use (`transformer` for BLOOM, `model` for the Llama family).
     """
-
-    transformer: DistributedBloomModel
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, initial_peers: tuple[str, ...] | list[str] = (),
@@ -185,40 +190,61 @@ class DistributedModelMixin:
         except BaseException:
             connecting.cancel()
             raise
-        model.transformer.client = connecting.result()
+        model.remote.client = connecting.result()
         return model
 
     @classmethod
-    def _with_local_tensors(cls, checkpoint: Checkpoint, config: BloomConfig, dtype: torch.dtype,
-                            tuning_mode: str | None, pre_seq_len: int):
-        """The model with the checkpoint's embeddings, layernorms and head; prompts trainable, the rest frozen."""
-        tensors = checkpoint.load_tensors(CLIENT_TENSOR_PREFIXES, dtype, desc="embeddings and layernorms")
+    def _with_local_tensors(cls, checkpoint: Checkpoint, config, dtype: torch.dtype, tuning_mode: str | None,
+                            pre_seq_len: int):
+        """The model with the checkpoint's embeddings, norms and head; prompts trainable, the rest frozen."""
+        tensors = checkpoint.load_tensors(checkpoint.family.client_tensor_prefixes, dtype,
+                                          desc="embeddings, norms and head")
         model = cls(config, tuning_mode=tuning_mode, pre_seq_len=pre_seq_len)  # its own tensors are initialised
-        state = {f"transformer.{name}": tensor for name, tensor in tensors.items() if not name.startswith("lm_head.")}
-        unexpected = model.load_state_dict(state, strict=False).unexpected_keys
-        if unexpected:
-            raise ValueError(f"{checkpoint.name_or_path} has tensors this model does not know: {unexpected}")
-        model.transformer.init_prompts()
-        model.tie_to_embeddings()
+        tied = config.tie_word_embeddings
+        state = {model.state_name(name): tensor for name, tensor in tensors.items()
+                 if not (tied and name.startswith("lm_head."))}
+        loaded = model.load_state_dict(state, strict=False)
+        if loaded.unexpected_keys:
+            raise ValueError(f"{checkpoint.name_or_path} has tensors this model does not know: {loaded.unexpected_keys}")
+        untrained = {name for name, _ in model.named_parameters() if name.startswith(model.trained_locally)}
+        missing = set(loaded.missing_keys) - untrained - ({"lm_head.weight"} if tied else set())
+        if missing:
+            raise ValueError(f"{checkpoint.name_or_path} lacks the client's tensors {sorted(missing)}")
+        model.remote.init_prompts()
+        if tied:
+            model.lm_head.weight = model.remote.get_input_embeddings().weight
         if checkpoint.has_file("generation_config.json"):
             model.generation_config = GenerationConfig.from_pretrained(checkpoint.file("generation_config.json").parent)
-        model.transformer.requires_grad_(False)  # the model's own weights are not trained ...
+        model.requires_grad_(False)  # the model's own weights are not trained ...
         for trainable in model.trainable_modules():  # ... only prompts and heads
             trainable.requires_grad_(True)
         return model.to(dtype).eval()
 
-    def tie_to_embeddings(self) -> None:
-        """Share weights with the word embeddings (the LM head does)."""
+    @property
+    def remote(self) -> RemoteBlocksModel:
+        """The base model whose blocks run in the swarm."""
+        return getattr(self, self.base_model_prefix)
+
+    @property
+    def trained_locally(self) -> tuple[str, ...]:
+        """Names of parameters that no checkpoint holds: they are trained here (prompts, heads)."""
+        prefix = self.base_model_prefix
+        return f"{prefix}.prompt_embeddings.", f"{prefix}.intermediate_prompt_embeddings."
+
+    def state_name(self, tensor_name: str) -> str:
+        """This model's state-dict name of a checkpoint tensor (as its family names it)."""
+        prefix = self.base_model_prefix + "."
+        return tensor_name if tensor_name.startswith((prefix, "lm_head.")) else prefix + tensor_name
 
     def trainable_modules(self) -> list[nn.Module]:
-        transformer = self.transformer
-        return [getattr(transformer, name) for name in ("prompt_embeddings", "intermediate_prompt_embeddings")
-                if hasattr(transformer, name)]
+        remote = self.remote
+        return [getattr(remote, name) for name in ("prompt_embeddings", "intermediate_prompt_embeddings")
+                if hasattr(remote, name)]
 
     @property
     def client(self) -> SwarmClient:
         """The connection to the swarm (network peer, event loop, swarm view) this model's blocks run on."""
-        return self.transformer.client
+        return self.remote.client
 
     def shutdown(self) -> None:
         """Leave the swarm: close the network peer and its event loop thread. Idempotent."""

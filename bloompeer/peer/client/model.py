@@ -1,8 +1,9 @@
-"""DistributedBloomForCausalLM: a transformers causal LM whose transformer blocks run in the swarm.
+"""The causal LM of every family (DistributedBloomForCausalLM, DistributedLlamaForCausalLM): a
+transformers causal LM whose transformer blocks run in the swarm.
 
 generate() works as for a local model: the cache it is given is a RemoteCache over a server-side
-inference session. The LM head is tied to the word embeddings, as in BLOOM. With trained prompts
-(tuning_mode), a session holds them before the text: it is opened that much longer.
+inference session. With trained prompts (tuning_mode), a session holds them before the text: it is
+opened that much longer.
 """
 
 from __future__ import annotations
@@ -11,16 +12,14 @@ import contextlib
 from collections.abc import Iterator
 
 from torch import nn
-from transformers import BloomConfig
-from transformers.generation import GenerationMixin, GenerationMode
-from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
-from transformers.models.bloom.modeling_bloom import BloomPreTrainedModel
+from transformers.generation import GenerationMode
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .base import DistributedBloomModel, DistributedModelMixin
+from .base import DistributedModelMixin
 from .inference_session import InferenceSession
 from .remote_cache import RemoteCache
 
-__all__ = ["DistributedBloomModel", "DistributedBloomForCausalLM", "draft_overshoot"]
+__all__ = ["DistributedCausalLMMixin", "draft_overshoot"]
 
 
 def draft_overshoot(prompt_lookup_num_tokens: int | None) -> int:
@@ -30,8 +29,11 @@ def draft_overshoot(prompt_lookup_num_tokens: int | None) -> int:
     return 1 + (prompt_lookup_num_tokens or 0)
 
 
-class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, GenerationMixin):
-    """A BLOOM causal LM whose blocks are served by the swarm. Use as a context manager, or call shutdown().
+class DistributedCausalLMMixin(DistributedModelMixin):
+    """A causal LM whose blocks are served by the swarm. Use as a context manager, or call shutdown().
+
+    A family's class is this mixin, its family's transformers PreTrainedModel and GenerationMixin,
+    with the remote base model and an `lm_head` built in its __init__.
 
     It keeps transformers' generate() rather than a loop of its own, so every decoding strategy
     (sampling, beams, assisted and speculative decoding, logits processors, stopping criteria)
@@ -40,14 +42,7 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
     inference_session()) and always closed, freeing the servers' memory, when the call returns.
     """
 
-    def __init__(self, config: BloomConfig, tuning_mode: str | None = None, pre_seq_len: int = 0):
-        super().__init__(config)
-        self.transformer = DistributedBloomModel(config, tuning_mode, pre_seq_len)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_to_embeddings()
-
-    def tie_to_embeddings(self) -> None:
-        self.lm_head.weight = self.transformer.word_embeddings.weight
+    lm_head: nn.Linear
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
@@ -55,7 +50,7 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
     @property
     def active_session(self) -> InferenceSession | None:
         """The session of this thread's running generate() or inference_session() (None outside them)."""
-        return self.transformer.calls.active_session
+        return self.remote.calls.active_session
 
     @contextlib.contextmanager
     def inference_session(self, max_length: int) -> Iterator[InferenceSession]:
@@ -65,10 +60,10 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
         so far, as with a local cache), and model(input_ids) runs only the given new tokens. The
         session belongs to the calling thread: other threads using the model get their own.
         """
-        calls = self.transformer.calls
+        calls = self.remote.calls
         if calls.kept_session is not None:
             raise RuntimeError("an inference session is already active in this thread")
-        session = self.client.open_session(max_length + self.transformer.pre_seq_len)
+        session = self.client.open_session(max_length + self.remote.pre_seq_len)
         calls.kept_session = session
         try:
             yield session
@@ -78,8 +73,8 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
 
     def forward(self, input_ids=None, cache=None, attention_mask=None, inputs_embeds=None, labels=None,
                 use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithCrossAttentions:
-        outputs = self.transformer(input_ids, cache=cache, attention_mask=attention_mask,
+                logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithPast:
+        outputs = self.remote(input_ids, cache=cache, attention_mask=attention_mask,
                                    inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                                    output_hidden_states=output_hidden_states)
         hidden = outputs.last_hidden_state
@@ -89,14 +84,14 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithCrossAttentions(loss=loss, logits=logits, cache=outputs.cache)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=outputs.cache)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size,
                                       max_cache_length) -> None:
         if model_kwargs.get("cache") is not None or generation_config.use_cache is False:
             return super()._prepare_cache_for_generation(
                 generation_config, model_kwargs, generation_mode, batch_size, max_cache_length)
-        calls, prompts = self.transformer.calls, self.transformer.pre_seq_len
+        calls, prompts = self.remote.calls, self.remote.pre_seq_len
         session = calls.kept_session
         if session is None:
             length = max_cache_length + prompts
@@ -107,7 +102,7 @@ class DistributedBloomForCausalLM(DistributedModelMixin, BloomPreTrainedModel, G
 
     def generate(self, *args, **kwargs):
         """transformers' generate; without an inference_session(), on a session of its own, closed on return."""
-        calls = self.transformer.calls
+        calls = self.remote.calls
         outer, calls.generate_session = calls.generate_session, None
         try:
             return super().generate(*args, **kwargs)

@@ -78,7 +78,7 @@ class SwarmClient:
     @classmethod
     def _joined(cls, runtime: ClientRuntime, node: PeerNode, checkpoint: Checkpoint, dtype: torch.dtype,
                 config: ClientConfig) -> SwarmClient:
-        view = SwarmView(node.p2p, node.directory, checkpoint.model_uid, checkpoint.config().n_layer,
+        view = SwarmView(node.p2p, node.directory, checkpoint.model_uid, checkpoint.config().num_hidden_layers,
                          checkpoint.fingerprint(), config.swarm_refresh_period_s, trusted=config.trusted_servers)
         verifier = None
         if config.verify_fraction > 0:

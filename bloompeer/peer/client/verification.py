@@ -54,7 +54,7 @@ class LocalBlocks:
     def forward(self, start: int, end: int, hidden: torch.Tensor, padding_mask: torch.Tensor | None,
                 prompts: torch.Tensor | None) -> torch.Tensor:
         if (start, end) not in self._spans:
-            self._spans[start, end] = BlockSpan.from_checkpoint(self.checkpoint, start, end, self.dtype)
+            self._spans[start, end] = self.checkpoint.load_span(start, end, self.dtype)
         prompts = None if prompts is None else prompts.to(self.dtype)
         with torch.inference_mode():
             return self._spans[start, end](hidden.to(self.dtype), padding_mask, prompts=prompts).to(hidden.dtype)

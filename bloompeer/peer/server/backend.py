@@ -50,12 +50,11 @@ class SpanBackend:
         self._check_serving(request.model, request.start, request.end)
         self._check_limit("batch", request.batch, self.config.max_batch, "--max-batch")
         self._check_limit("max_length", request.max_length, self.config.max_length, "--max-length")
-        nbytes = SessionCache.nbytes(self.span.config, request.end - request.start, request.batch,
-                                     request.max_length, self.dtype)
+        nbytes = self.span.cache_nbytes(request.end - request.start, request.batch, request.max_length, self.dtype)
 
         def make_cache() -> SessionCache:
-            return SessionCache(self.span.config, request.start, request.end, request.batch, request.max_length,
-                                self.dtype, self.config.device)
+            return self.span.new_cache(request.start, request.end, request.batch, request.max_length, self.dtype,
+                                       self.config.device)
 
         timeout_s = min(request.alloc_timeout_s, self.config.max_alloc_timeout_s)
         return await self.registry.open(peer_id_str, nbytes, timeout_s, make_cache, on_expire, deliver)

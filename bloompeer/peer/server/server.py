@@ -17,7 +17,7 @@ import time
 import torch
 
 from ..._version import __version__
-from ...blocks import BlockSpan, Checkpoint, SessionCache, open_checkpoint
+from ...blocks import BlockSpan, Checkpoint, open_checkpoint
 from ...p2p import (
     BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, PeerNode, ServerInfo,
     RequestLimits, ServerRecord, ServerState, get_dht_time, serve, stop_serving,
@@ -102,7 +102,7 @@ class Server:
     async def create(cls, config: ServerConfig) -> Server:
         """Join the network, load the blocks, register the handlers and announce online."""
         checkpoint = open_checkpoint(config.model)
-        num_blocks = checkpoint.config().n_layer
+        num_blocks = checkpoint.config().num_hidden_layers
         if config.start is not None and not 0 <= config.start < config.end <= num_blocks:
             raise ValueError(f"--blocks {config.start}:{config.end} is not a range within {checkpoint.model_uid}'s "
                              f"{num_blocks} blocks (0:{num_blocks})")
@@ -135,8 +135,8 @@ class Server:
             servers = await self.node.directory.find_servers(self.model_uid, num_blocks)
             self.start, self.end = choose_blocks(servers, num_blocks, self.config.num_blocks)
             logger.info("Chose blocks %d:%d, where the swarm is weakest", self.start, self.end)
-        load = functools.partial(BlockSpan.from_checkpoint, self.checkpoint, self.start, self.end,
-                                 getattr(torch, self.config.dtype), self.config.device)
+        load = functools.partial(self.checkpoint.load_span, self.start, self.end, getattr(torch, self.config.dtype),
+                                 self.config.device)
         # loading in the compute thread keeps the loop (and the DHT node) responsive, and announcing
         # "joining" meanwhile costs no time
         span, _ = await asyncio.gather(self.compute.run(load), self.announce())
@@ -186,7 +186,7 @@ class Server:
     def _start_serving(self, span: BlockSpan) -> None:
         """Cache budget, sessions, scheduler and the backend that checks requests for them."""
         config, dtype = self.config, getattr(torch, self.config.dtype)
-        bytes_per_token = SessionCache.nbytes(span.config, span.num_blocks, 1, 1, dtype)
+        bytes_per_token = span.cache_nbytes(span.num_blocks, 1, 1, dtype)
         if config.cache_tokens is not None:
             budget_bytes = config.cache_tokens * bytes_per_token
         else:

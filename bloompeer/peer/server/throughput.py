@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ...blocks import BlockSpan, SessionCache
+from ...blocks import BlockSpan
 
 __all__ = ["MEASURE_STEPS", "QUICK_STEPS", "measure_throughput", "cached_throughput"]
 
@@ -39,7 +39,7 @@ def cache_dir() -> Path:
 def measure_throughput(span: BlockSpan, device: str, dtype: torch.dtype, steps: int = MEASURE_STEPS) -> float:
     """Decode steps through the whole span: tokens/s through one block."""
     warm_up = min(WARM_UP_STEPS, steps)
-    cache = SessionCache(span.config, span.start, span.end, 1, steps + warm_up, dtype, device)
+    cache = span.new_cache(span.start, span.end, 1, steps + warm_up, dtype, device)
     hidden = torch.randn(1, 1, span.config.hidden_size, dtype=dtype, device=device)
     with torch.inference_mode():
         for position in range(steps + warm_up):

@@ -1,0 +1,227 @@
+"""The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3): its blocks as a checkpoint names them
+(`model.layers.{i}.*`), and how a span of them computes.
+
+One block as transformers' LlamaDecoderLayer computes it, in the same ops and order: RMSNorm,
+rotary embeddings (rope.py) from each session's own positions, grouped-query attention with
+`num_key_value_heads` heads of `head_dim`, and the SwiGLU MLP. A variant is stated as its few
+differences from Llama (`Variant`): Qwen2's q/k/v biases, Qwen3's q/k RMSNorm, the sliding windows
+of Mistral and of Qwen2/Qwen3's later layers (masked by cache index; the cache keeps every token).
+
+Attention is PyTorch's scaled_dot_product_attention with an explicit mask (a session's padding,
+causality and window). Grouped-query attention never copies the keys and values: each key/value
+head's query heads are folded into its query rows, as transformers folds them for one-token steps.
+
+The client keeps the token embeddings, the final norm and the LM head (tied to the embeddings or
+not, as `tie_word_embeddings` says).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .family import ModelFamily
+from .kv_cache import token_positions
+from .rope import RotaryFrequencies, rope_frequencies
+from .span import BlockSpan, Linear, Segment, allowed_keys
+
+__all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "Variant", "grouped_attention", "variant_of"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How one member of the family differs from plain Llama (whose defaults these are not all:
+    Llama's biases come from its config, see `variant_of`)."""
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # RMSNorm over head_dim on queries and keys before the rotation (Qwen3)
+    windows: tuple[int | None, ...] = ()  # per layer: its sliding window, or None for full attention
+
+
+def _layer_windows(config) -> tuple[int | None, ...]:
+    """Qwen2/Qwen3: `layer_types` says which layers slide (by default those past max_window_layers)."""
+    return tuple(config.sliding_window if kind == "sliding_attention" else None for kind in config.layer_types)
+
+
+_VARIANTS = {
+    "llama": lambda c: Variant(qkv_bias=c.attention_bias, o_bias=c.attention_bias, mlp_bias=c.mlp_bias,
+                               windows=(None,) * c.num_hidden_layers),
+    "mistral": lambda c: Variant(windows=(c.sliding_window,) * c.num_hidden_layers),
+    "qwen2": lambda c: Variant(qkv_bias=True, windows=_layer_windows(c)),
+    "qwen3": lambda c: Variant(qkv_bias=c.attention_bias, o_bias=c.attention_bias, qk_norm=True,
+                               windows=_layer_windows(c)),
+}
+
+
+def variant_of(config) -> Variant:
+    return _VARIANTS[config.model_type](config)
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, in float32 inside, as transformers computes it."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        dtype = hidden.dtype
+        hidden = hidden.to(torch.float32)
+        variance = hidden.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden * torch.rsqrt(variance + self.eps)).to(dtype)
+
+
+class _Attention(nn.Module):
+    def __init__(self, config, variant: Variant, layer_idx: int):
+        super().__init__()
+        hidden, heads, kv_heads, head_dim = (config.hidden_size, config.num_attention_heads,
+                                             config.num_key_value_heads, head_dim_of(config))
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=variant.qkv_bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=variant.qkv_bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=variant.qkv_bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=variant.o_bias)
+        if variant.qk_norm:
+            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+        self.layer_idx, self.window = layer_idx, variant.windows[layer_idx]
+
+
+class _Mlp(nn.Module):
+    def __init__(self, config, variant: Variant):
+        super().__init__()
+        hidden, intermediate = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=variant.mlp_bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=variant.mlp_bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=variant.mlp_bias)
+
+
+class LlamaBlock(nn.Module):
+    """The parameters of block `layer_idx`, named as in a checkpoint; LlamaSpan computes with them."""
+
+    def __init__(self, config, variant: Variant, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = _Attention(config, variant, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = _Mlp(config, variant)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """Attention of query [batch, heads, new, head_dim] over key/value [batch, kv_heads, kv_length,
+    head_dim] (a view of the cache), allowed [batch, 1, new, kv_length]: [batch, heads, new, head_dim].
+
+    Query head h uses key/value head h // (heads / kv_heads). Rather than repeating each key/value
+    head for its query heads (a copy of the whole past per step), a key/value head's query heads
+    become more query rows of that head; each row's attention is computed alone either way."""
+    batch, heads, num_new, head_dim = query.shape
+    repeats = heads // key.shape[1]
+    if repeats > 1:
+        query = query.reshape(batch, key.shape[1], repeats * num_new, head_dim)
+        if num_new > 1:
+            allowed = allowed[:, :, None].expand(-1, -1, repeats, -1, -1).reshape(batch, 1, repeats * num_new, -1)
+    output = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale)
+    return output.reshape(batch, heads, num_new, head_dim)
+
+
+class _AttentionInputs:
+    """Per-segment inputs of every block's attention: rotation cos/sin, and the masks by window."""
+
+    def __init__(self, segment: Segment, rope: RotaryFrequencies, windows: set[int | None]):
+        batch, num_new, _ = segment.hidden.shape
+        mask, cache = segment.full_padding_mask, segment.cache
+        positions = token_positions(mask)[:, -num_new:]  # [batch, num_new]
+        seen_length = None
+        if rope.rope_type == "dynamic":
+            seen_length = rope.dynamic_length(cache.rope_length if cache else None, int(positions.max()) + 1)
+            if cache is not None:
+                cache.rope_length = seen_length
+        cos, sin = rope.cos_sin(positions, segment.hidden.dtype, seen_length)
+        self.batch, self.num_new, self.cache = batch, num_new, cache
+        self.cos, self.sin = cos[:, None], sin[:, None]  # [batch, 1, num_new, head_dim]: broadcast over heads
+        self.allowed = {window: allowed_keys(mask, num_new, window) for window in windows}
+
+
+class LlamaSpan(BlockSpan):
+    """Blocks [start, end) of a Llama-family model."""
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        if config.hidden_act != "silu":
+            raise ValueError(f"hidden_act {config.hidden_act!r} is not served (the Llama family's is silu)")
+        rope_frequencies(config, head_dim_of(config))  # raises for a rope type that is not served
+        if config.num_attention_heads % config.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    def __init__(self, config, start: int, end: int):
+        self.variant = variant_of(config)
+        super().__init__(config, start, end)
+        self.rope = rope_frequencies(config, self.head_dim)
+        self.scale = self.head_dim ** -0.5
+        self._windows = {self.variant.windows[i] for i in range(start, end)}
+
+    def make_block(self, config, layer_idx: int) -> nn.Module:
+        return LlamaBlock(config, self.variant, layer_idx)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.config.num_key_value_heads
+
+    @property
+    def head_dim(self) -> int:
+        return head_dim_of(self.config)
+
+    def attention_inputs(self, segment: Segment) -> _AttentionInputs:
+        return _AttentionInputs(segment, self.rope, self._windows)
+
+    def block_forward(self, block: LlamaBlock, hidden: torch.Tensor, attention: list[_AttentionInputs],
+                      rows: list[int], linear: Linear) -> torch.Tensor:
+        """LlamaDecoderLayer.forward, with attention done segment by segment."""
+        attn, mlp = block.self_attn, block.mlp
+        normed = block.input_layernorm(hidden)
+        qkv = linear(attn.q_proj, normed), linear(attn.k_proj, normed), linear(attn.v_proj, normed)
+        context = self.per_segment(qkv, attention, rows, lambda q, k, v, inputs: self._attend(attn, q, k, v, inputs))
+        hidden = hidden + linear(attn.o_proj, context)
+        normed = block.post_attention_layernorm(hidden)
+        return hidden + linear(mlp.down_proj, F.silu(linear(mlp.gate_proj, normed)) * linear(mlp.up_proj, normed))
+
+    def _attend(self, attn: _Attention, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                inputs: _AttentionInputs) -> torch.Tensor:
+        """One segment's attention: q/k/v [batch (* num_new), ... heads * head_dim] -> [batch, num_new, hidden]."""
+        shape = (inputs.batch, inputs.num_new, -1, self.head_dim)
+        query, key, value = query.view(shape), key.view(shape), value.view(shape)  # [batch, new, heads, head_dim]
+        if hasattr(attn, "q_norm"):
+            query, key = attn.q_norm(query), attn.k_norm(key)
+        query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        query = query * inputs.cos + _rotate_half(query) * inputs.sin
+        key = key * inputs.cos + _rotate_half(key) * inputs.sin
+        if inputs.cache is not None:
+            key, value = inputs.cache.update(key, value, attn.layer_idx)  # [batch, kv heads, kv_length, head_dim]
+        context = grouped_attention(query, key, value, inputs.allowed[attn.window], self.scale)
+        return context.transpose(1, 2).reshape(inputs.batch, inputs.num_new, -1)
+
+
+LLAMA = ModelFamily(
+    name="llama",
+    config_classes={"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
+                    "qwen3": "Qwen3Config"},
+    span_class=LlamaSpan,
+    block_prefix_format="model.layers.{}.",
+    stored_prefix="",
+    client_tensor_prefixes=("model.embed_tokens.", "model.norm.", "lm_head."),
+)
