@@ -200,25 +200,27 @@ class DistributedModelMixin:
         tensors = checkpoint.load_tensors(checkpoint.family.client_tensor_prefixes, dtype,
                                           desc="embeddings, norms and head")
         model = cls(config, tuning_mode=tuning_mode, pre_seq_len=pre_seq_len)  # its own tensors are initialised
-        tied = config.tie_word_embeddings
+        head_from_checkpoint = hasattr(model, "lm_head") and not config.tie_word_embeddings
         state = {model.state_name(name): tensor for name, tensor in tensors.items()
-                 if not (tied and name.startswith("lm_head."))}
+                 if head_from_checkpoint or not name.startswith("lm_head.")}
         loaded = model.load_state_dict(state, strict=False)
         if loaded.unexpected_keys:
             raise ValueError(f"{checkpoint.name_or_path} has tensors this model does not know: {loaded.unexpected_keys}")
-        untrained = {name for name, _ in model.named_parameters() if name.startswith(model.trained_locally)}
-        missing = set(loaded.missing_keys) - untrained - ({"lm_head.weight"} if tied else set())
+        missing = [name for name in loaded.missing_keys
+                   if not name.startswith(model.trained_locally) and (head_from_checkpoint or name != "lm_head.weight")]
         if missing:
             raise ValueError(f"{checkpoint.name_or_path} lacks the client's tensors {sorted(missing)}")
         model.remote.init_prompts()
-        if tied:
-            model.lm_head.weight = model.remote.get_input_embeddings().weight
+        model.tie_to_embeddings()
         if checkpoint.has_file("generation_config.json"):
             model.generation_config = GenerationConfig.from_pretrained(checkpoint.file("generation_config.json").parent)
         model.requires_grad_(False)  # the model's own weights are not trained ...
         for trainable in model.trainable_modules():  # ... only prompts and heads
             trainable.requires_grad_(True)
         return model.to(dtype).eval()
+
+    def tie_to_embeddings(self) -> None:
+        """Share the LM head's weight with the input embeddings where the config says so (a causal LM's)."""
 
     @property
     def remote(self) -> RemoteBlocksModel:

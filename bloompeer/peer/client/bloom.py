@@ -48,7 +48,7 @@ class DistributedBloomForCausalLM(DistributedCausalLMMixin, BloomPreTrainedModel
         super().__init__(config)
         self.transformer = DistributedBloomModel(config, tuning_mode, pre_seq_len)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.word_embeddings.weight
+        self.tie_to_embeddings()
 
 
 class DistributedBloomForSequenceClassification(DistributedSequenceClassificationMixin, BloomPreTrainedModel):

@@ -48,6 +48,7 @@ class DistributedLlamaForCausalLM(DistributedCausalLMMixin, LlamaPreTrainedModel
         super().__init__(config)
         self.model = DistributedLlamaModel(config, tuning_mode, pre_seq_len)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_to_embeddings()
 
 
 class DistributedLlamaForSequenceClassification(DistributedSequenceClassificationMixin, LlamaPreTrainedModel):

@@ -44,6 +44,10 @@ class DistributedCausalLMMixin(DistributedModelMixin):
 
     lm_head: nn.Linear
 
+    def tie_to_embeddings(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.remote.get_input_embeddings().weight
+
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
