@@ -20,12 +20,34 @@ from bloompeer.peer.cli.local_swarm import LocalSwarm, stop_in_parallel
 
 TINY_BLOCKS = 4
 
+# Tiny checkpoints of the Llama family, one per thing it must get right (tests/unit/test_llama_blocks.py
+# computes their blocks against transformers; tests/swarm/test_llama_family.py serves them).
+LLAMA_FAMILY = {
+    "llama": dict(model_type="llama", tie_word_embeddings=True),  # grouped-query attention (4 heads, 2 kv), default rope
+    "llama3-rope": dict(model_type="llama", max_position_embeddings=32, rope_parameters=dict(
+        rope_type="llama3", rope_theta=10000.0, factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=8)),  # texts of more than 8 tokens run past the original context
+    "mistral": dict(model_type="mistral", sliding_window=5),  # a window shorter than the texts
+    "qwen2": dict(model_type="qwen2", use_sliding_window=True, sliding_window=5, max_window_layers=2),  # biases;
+    # layers 2 and 3 slide
+    "qwen3": dict(model_type="qwen3", head_dim=32, tie_word_embeddings=False),  # head_dim 32, not 64 / 4
+}
+
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A 4-block BLOOM (hidden 64) with a byte-level tokenizer, sharded over many small files."""
     return write_random_checkpoint(tmp_path_factory.mktemp("tiny-bloom"), num_blocks=TINY_BLOCKS, hidden_size=64,
                                    num_heads=4, seed=1, max_shard_size="40KB")
+
+
+@pytest.fixture(scope="session")
+def llama_family_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """LLAMA_FAMILY's checkpoints (4 blocks, hidden 64), each sharded over a few files."""
+    root = tmp_path_factory.mktemp("llama-family")
+    return {name: write_random_checkpoint(root / name, num_blocks=TINY_BLOCKS, hidden_size=64, num_heads=4, seed=2,
+                                          initializer_range=0.15, max_shard_size="100KB", **fields)
+            for name, fields in LLAMA_FAMILY.items()}
 
 
 @pytest.fixture(scope="session")

@@ -65,6 +65,9 @@ class ServerRecord:
     # seconds), as this server measured them; left out on the wire when empty, so that records of
     # servers that measured nothing read the same as those of versions before the field
     push_rtts_s: tuple[tuple[str, float], ...] = ()
+    # the model family its blocks compute as (blocks/families.py: "bloom", "llama"); records of
+    # versions before the field were all BLOOM's
+    family: str = "bloom"
 
     def to_wire(self) -> dict[str, Any]:
         wire = {**asdict(self), "state": self.state.value, "push_rtts_s": dict(self.push_rtts_s)}
@@ -79,7 +82,8 @@ class ServerRecord:
     @classmethod
     def from_wire(cls, value: Any) -> ServerRecord:
         if not isinstance(value, dict) or not _REQUIRED_FIELDS <= set(value) <= _RECORD_FIELDS:
-            raise ProtocolError("a server record is a map with the fields of ServerRecord (push_rtts_s optional)")
+            raise ProtocolError("a server record is a map with the fields of ServerRecord (push_rtts_s and family "
+                                "optional)")
         checks = {
             "peer_id": lambda v: isinstance(v, str) and 0 < len(v) <= 128,
             "state": lambda v: isinstance(v, str) and v in _STATES,
@@ -91,7 +95,9 @@ class ServerRecord:
             "version": lambda v: isinstance(v, str) and len(v) <= 64,
             "weights_fingerprint": lambda v: isinstance(v, str) and len(v) <= 128,
             "relayed": lambda v: type(v) is bool,
+            "family": lambda v: isinstance(v, str) and 0 < len(v) <= 32,
         }
+        value = {"family": "bloom", **value}
         for name, check in checks.items():
             if not check(value[name]):
                 raise ProtocolError(f"server record: bad {name} {str(value[name])[:40]!r}")
@@ -110,6 +116,6 @@ def _push_rtts_from_wire(value: Any) -> tuple[tuple[str, float], ...]:
 
 
 _RECORD_FIELDS = frozenset(ServerRecord.__dataclass_fields__)
-_REQUIRED_FIELDS = _RECORD_FIELDS - {"push_rtts_s"}
+_REQUIRED_FIELDS = _RECORD_FIELDS - {"push_rtts_s", "family"}
 _LIMIT_FIELDS = frozenset(RequestLimits.__dataclass_fields__)
 _STATES = frozenset(state.value for state in ServerState)

@@ -25,6 +25,14 @@ def test_push_round_trips_travel_and_old_records_still_decode():
     assert ServerRecord.from_wire(RECORD.to_wire()).push_rtts_s == ()
 
 
+def test_the_family_travels_and_records_before_the_field_read_as_bloom():
+    llama = dataclasses.replace(RECORD, family="llama")
+    assert ServerRecord.from_wire(llama.to_wire()).family == "llama"
+    wire = RECORD.to_wire()
+    del wire["family"]
+    assert ServerRecord.from_wire(wire).family == "bloom"
+
+
 @pytest.mark.parametrize("push_rtts", [
     [], "QmA", {"QmA": -0.1}, {"QmA": float("nan")}, {"QmA": float("inf")}, {"QmA": 61.0}, {"QmA": "0.1"},
     {"QmA": True}, {"": 0.1}, {"x" * 129: 0.1}, {f"Qm{i}": 0.1 for i in range(MAX_PUSH_RTTS + 1)},
@@ -37,7 +45,7 @@ def test_malformed_push_round_trips_are_refused(push_rtts):
 @pytest.mark.parametrize("change", [
     {"state": "sleeping"}, {"start": -1}, {"end": 0}, {"end": "4"}, {"throughput": float("nan")},
     {"throughput": -1.0}, {"cache_tokens_left": 1.5}, {"relayed": 1}, {"peer_id": ""}, {"extra": 1},
-    {"limits": None}, {"limits": {"max_batch": 1, "max_length": 2}}, {"limits": {"max_batch": 0, "max_length": 2,
+    {"limits": None}, {"family": ""}, {"family": 3}, {"family": "x" * 33}, {"limits": {"max_batch": 1, "max_length": 2}}, {"limits": {"max_batch": 0, "max_length": 2,
     "max_step_tokens": 3}}, {"limits": {"max_batch": 1, "max_length": 2.0, "max_step_tokens": 3}},
 ])
 def test_malformed_records_are_refused(change):

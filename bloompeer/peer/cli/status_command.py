@@ -32,7 +32,9 @@ def _short(peer_id: str) -> str:
 
 def format_status(model_uid: str, num_blocks: int, servers: dict[int, list[ServerRecord]]) -> str:
     """A table: one row per block, its servers; then one row per server."""
-    lines, missing = [f"{model_uid}: {num_blocks} blocks"], missing_blocks(num_blocks, servers)
+    families = sorted({r.family for records in servers.values() for r in records})
+    family = f" ({', '.join(families)} family)" if families else ""
+    lines, missing = [f"{model_uid}{family}: {num_blocks} blocks"], missing_blocks(num_blocks, servers)
     for index in range(num_blocks):
         records = sorted(servers.get(index, []), key=lambda r: r.peer_id)
         cells = ", ".join(f"{_short(r.peer_id)} {r.state.value}" for r in records)

@@ -217,7 +217,7 @@ class Server:
             throughput=self.throughput, cache_tokens_left=self.budget.tokens_left if self.budget else 0,
             dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint, relayed=self.relayed,
             limits=RequestLimits(self.config.max_batch, self.config.max_length, self.config.max_step_tokens),
-            push_rtts_s=self.push_rtts.announced(),
+            push_rtts_s=self.push_rtts.announced(), family=self.checkpoint.family.name,
         )
 
     async def announce(self) -> bool:

@@ -1,0 +1,155 @@
+"""The Llama family's spans (blocks/llama.py) and rotations (blocks/rope.py) against transformers'
+own model classes (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) on
+the same weights, in float32."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from bloompeer.blocks import Segment, open_checkpoint
+from bloompeer.blocks.llama import LlamaSpan
+from bloompeer.blocks.rope import ROPE_TYPES, rope_frequencies
+
+from ..conftest import LLAMA_FAMILY
+
+IDS = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9, 10, 11, 12, 13], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]])
+MASK = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 12]).bool()
+CHUNKS = [(0, 5), (5, 1), (6, 1), (7, 4), (11, 1)]  # a prefill, decode steps, a speculative-sized step
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids as transformers' generate derives them from the attention mask."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(~mask, 0)
+
+
+@pytest.fixture(scope="module", params=sorted(LLAMA_FAMILY))
+def variant(request, llama_family_checkpoints):
+    """(name, transformers' model, our spans 0:1 and 1:4) for each checkpoint of LLAMA_FAMILY."""
+    path = llama_family_checkpoints[request.param]
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    checkpoint = open_checkpoint(path)
+    return request.param, reference, [checkpoint.load_span(0, 1, torch.float32),
+                                      checkpoint.load_span(1, 4, torch.float32)]
+
+
+@torch.no_grad()
+def test_a_full_forward_is_bitwise_transformers(variant):
+    """One request alone, written op for op: equal, not close (padding included, real positions)."""
+    _, reference, spans = variant
+    for mask in (None, MASK):
+        positions = None if mask is None else _positions(mask)
+        expected = reference.model(IDS, attention_mask=mask, position_ids=positions).last_hidden_state
+        hidden = reference.model.embed_tokens(IDS)
+        for span in spans:
+            hidden = span(hidden, mask)
+        real = torch.ones_like(MASK) if mask is None else mask
+        torch.testing.assert_close(reference.model.norm(hidden)[real], expected[real], rtol=0, atol=0)
+
+
+@torch.no_grad()
+def test_steps_with_a_cache_equal_transformers_with_its_cache(variant):
+    """Prefill, decode and multi-token steps against transformers' DynamicCache, step for step."""
+    _, reference, spans = variant
+    for mask in (None, MASK):
+        theirs = DynamicCache(config=reference.config)
+        caches = [span.new_cache(span.start, span.end, 2, 16, torch.float32) for span in spans]
+        embedded = reference.model.embed_tokens(IDS)
+        for position, num_new in CHUNKS:
+            new = slice(position, position + num_new)
+            attention = None if mask is None else mask[:, :new.stop]
+            positions = None if mask is None else _positions(attention)[:, new]
+            expected = reference(IDS[:, new], attention_mask=attention, position_ids=positions, cache=theirs,
+                                 use_cache=True).logits
+            hidden = embedded[:, new]
+            for span, cache in zip(spans, caches):
+                hidden = span(hidden, cache.begin_step(position, None if mask is None else mask[:, new], num_new),
+                              cache)
+            real = torch.ones(2, num_new, dtype=torch.bool) if mask is None else mask[:, new]
+            logits = reference.lm_head(reference.model.norm(hidden))
+            torch.testing.assert_close(logits[real], expected[real], rtol=0, atol=1e-5)
+
+
+@torch.no_grad()
+def test_batched_segments_equal_requests_alone(variant):
+    _, _, spans = variant
+    span = spans[1]
+    hidden_size = span.config.hidden_size
+    torch.manual_seed(0)
+
+    def sessions():
+        caches, steps = [], []
+        for batch, num_new, cached in [(2, 5, 0), (1, 1, 7), (3, 2, 3)]:
+            cache = span.new_cache(span.start, span.end, batch, 16, torch.float32)
+            if cached:
+                span(torch.randn(batch, cached, hidden_size), cache.begin_step(0, None, cached), cache)
+            mask = torch.ones(batch, num_new, dtype=torch.bool)
+            mask[0, 0] = num_new == 1 or cached > 0  # some padding in one session's new tokens
+            caches.append(cache)
+            steps.append((torch.randn(batch, num_new, hidden_size), mask))
+        return caches, steps
+
+    torch.manual_seed(1)
+    caches, steps = sessions()
+    alone = [span(h, c.begin_step(c.length, m, h.shape[1]), c) for c, (h, m) in zip(caches, steps)]
+    torch.manual_seed(1)
+    caches, steps = sessions()
+    together = span.forward_segments([Segment(h, c.begin_step(c.length, m, h.shape[1]), c) for c, (h, m) in
+                                      zip(caches, steps)])
+    for one, many in zip(alone, together):
+        torch.testing.assert_close(many, one, rtol=0, atol=1e-5)
+
+
+def test_the_cache_holds_kv_heads_times_head_dim(variant):
+    name, reference, spans = variant
+    config = reference.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cache = spans[1].new_cache(1, 4, 2, 16, torch.float32)
+    assert cache.keys.shape == (3, 2, config.num_key_value_heads, 16, head_dim)
+    assert spans[1].cache_nbytes(3, 2, 16, torch.float32) == 2 * 3 * 2 * 16 * config.num_key_value_heads * head_dim * 4 \
+        + 2 * 16
+    assert config.num_key_value_heads < config.num_attention_heads  # the fixtures all use grouped-query attention
+
+
+def test_a_decode_step_never_copies_the_past():
+    """Grouped-query attention over a long cache: no allocation in a one-token step is anywhere near
+    the size of one block's cached keys (a repeat of the keys per query head would be twice that; the
+    step's masks and position indices take 16 bytes per cached token, the keys 512 here)."""
+    config = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                         num_hidden_layers=1, vocab_size=10)
+    span = LlamaSpan(config, 0, 1).eval()
+    cache = span.new_cache(0, 1, 1, 8192, torch.float32)
+    with torch.no_grad():
+        span(torch.randn(1, 8000, 256), cache.begin_step(0, None, 8000), cache)
+        past_bytes = cache.keys[0, :, :, :8000].numel() * 4  # 4 MB
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+            span(torch.randn(1, 1, 256), cache.begin_step(8000, None, 1), cache)
+    largest = max(event.cpu_memory_usage for event in prof.key_averages())
+    assert 0 < largest < past_bytes / 4, (largest, past_bytes)
+
+
+@pytest.mark.parametrize("rope_type", ROPE_TYPES)
+@pytest.mark.parametrize("seq_len", [None, 64])
+def test_rope_frequencies_are_transformers_to_the_bit(rope_type, seq_len):
+    parameters = {"default": {}, "linear": {"factor": 2.0}, "dynamic": {"factor": 3.0},
+                  "yarn": {"factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 16},
+                  "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 8}}[rope_type]
+    config = LlamaConfig(hidden_size=96, num_attention_heads=3, max_position_embeddings=16,
+                         rope_parameters={"rope_type": rope_type, "rope_theta": 500000.0, **parameters})
+    ours, scaling = rope_frequencies(config, 32).inv_freq(seq_len)
+    compute = ROPE_INIT_FUNCTIONS.get(rope_type)
+    if compute is None:  # default: transformers keeps it on the rotary module
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+        theirs, their_scaling = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+    else:
+        theirs, their_scaling = compute(config, None, seq_len=None if seq_len is None else torch.tensor(seq_len))
+    assert torch.equal(ours, theirs) and scaling == their_scaling
+
+
+def test_configs_bloompeer_cannot_compute_exactly_are_refused():
+    for fields in [dict(hidden_act="gelu"), dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
+                                                                   "short_factor": [1.0] * 8, "long_factor": [1.0] * 8}),
+                   dict(num_key_value_heads=3)]:
+        with pytest.raises(ValueError):
+            LlamaSpan.check_config(LlamaConfig(hidden_size=64, num_attention_heads=4, **fields))
