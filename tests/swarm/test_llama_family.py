@@ -1,0 +1,231 @@
+"""The Llama family through real swarms of CLI servers: tokens equal transformers' own model class
+(AutoModelForCausalLM: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
+on the same weights in float32, and logits within 1e-4.
+
+Every checkpoint of LLAMA_FAMILY (tests/conftest.py) is served by two servers (blocks 0:2 and 2:4)
+on the shared bootstrap peer, all started at once. The prompts run past Mistral's and Qwen2's
+sliding windows (5 tokens) and past the llama3-rope model's original context (8 tokens). What needs
+servers of its own (a kill, the batching check) gets a copy of the Llama checkpoint under another name.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LogitsProcessorList
+
+from bloompeer import (AutoDistributedModelForCausalLM, ClientConfig, DistributedLlamaForCausalLM, NetworkConfig)
+from bloompeer.peer.cli.local_swarm import stop_in_parallel
+
+from ..conftest import LLAMA_FAMILY
+from .conftest import AtCall
+from .test_server_metrics import scrape, value
+
+PROMPT = torch.tensor([[1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]])  # 11 tokens: past every window and context
+PADDED = torch.tensor([[0, 0, 0, 50, 51, 52, 53, 54, 55], [60, 61, 62, 63, 64, 65, 66, 67, 68]])
+PADDED_MASK = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1] * 9])
+NEW_TOKENS = 14
+
+
+def _client_config(swarm, **settings) -> ClientConfig:
+    network = NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True)
+    return ClientConfig(network, **({"request_timeout_s": 3.0, "swarm_refresh_period_s": 1.0,
+                                     "poll_period_s": 0.5} | settings))
+
+
+@pytest.fixture(scope="module")
+def family_servers(swarm, llama_family_checkpoints):
+    servers = [swarm.add_server(start, end, model=path, wait=False, name=f"{name}-{start}-{end}")
+               for name, path in llama_family_checkpoints.items() for start, end in [(0, 2), (2, 4)]]
+    try:
+        deadline = time.monotonic() + 180
+        for server in servers:
+            server.wait_online(deadline)
+        yield servers
+    finally:
+        stop_in_parallel(servers)
+
+
+@pytest.fixture(scope="module", params=sorted(LLAMA_FAMILY))
+def pair(request, family_servers, swarm, llama_family_checkpoints):
+    """(our model through the swarm, transformers' model) for one checkpoint, pushing between servers
+    for every other one (so that both routes are exercised across the family)."""
+    path = llama_family_checkpoints[request.param]
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    push = sorted(LLAMA_FAMILY).index(request.param) % 2 == 1
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm, push=push)) as ours:
+        yield ours, reference
+
+
+@torch.inference_mode()
+def test_greedy_tokens_equal_transformers(pair):
+    ours, reference = pair
+    assert isinstance(ours, DistributedLlamaForCausalLM)
+    kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert ours.generate(PROMPT, **kwargs).tolist() == reference.generate(PROMPT, **kwargs).tolist()
+
+
+@torch.inference_mode()
+def test_teacher_forced_logits_within_1e_4(pair):
+    """A full forward (every server runs its blocks on the whole text at once) against transformers'."""
+    ours, reference = pair
+    ids = torch.randint(4, 250, (2, 16), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(ours(ids).logits, reference(ids).logits, rtol=0, atol=1e-4)
+
+
+@torch.inference_mode()
+def test_left_padded_batch_and_beam_search(pair):
+    ours, reference = pair
+    greedy = dict(attention_mask=PADDED_MASK, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert ours.generate(PADDED, **greedy).tolist() == reference.generate(PADDED, **greedy).tolist()
+    beams = greedy | dict(num_beams=3)
+    assert ours.generate(PADDED, **beams).tolist() == reference.generate(PADDED, **beams).tolist()
+
+
+@torch.inference_mode()
+def test_sampling_with_the_same_seed(pair):
+    ours, reference = pair
+    kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=True, temperature=0.8, top_k=20)
+    torch.manual_seed(5)
+    mine = ours.generate(PROMPT, **kwargs)
+    torch.manual_seed(5)
+    assert mine.tolist() == reference.generate(PROMPT, **kwargs).tolist()
+
+
+@pytest.fixture(scope="module")
+def llama(family_servers, swarm, llama_family_checkpoints):
+    path = llama_family_checkpoints["llama"]
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm)) as ours:
+        yield ours, reference
+
+
+@pytest.fixture
+def rewinds(monkeypatch) -> list[int]:
+    """Every position a session's cache was rolled back to during the test."""
+    from bloompeer.peer.client.inference_session import InferenceSession
+
+    seen, rewind = [], InferenceSession.rewind
+
+    def recording(session, position):
+        if position < session.position:
+            seen.append(position)
+        return rewind(session, position)
+
+    monkeypatch.setattr(InferenceSession, "rewind", recording)
+    return seen
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("how", ["draft-model", "prompt-lookup"])
+def test_speculative_decoding_rolls_back_and_equals_greedy(llama, how, rewinds):
+    ours, reference = llama
+    if how == "draft-model":  # the target's first block alone: it agrees with the target on some tokens only
+        draft = copy.deepcopy(reference)
+        draft.model.layers = draft.model.layers[:1]
+        draft.config.num_hidden_layers = 1
+        speculation = dict(assistant_model=draft)
+    else:
+        speculation = dict(prompt_lookup_num_tokens=3)
+    prompt = torch.cat([PROMPT, PROMPT[:, 1:]], dim=1)  # repeats itself, so prompt lookup has proposals
+    expected = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+    tokens = ours.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, **speculation)
+    assert tokens.tolist() == expected.tolist()
+    assert rewinds, "no proposal was rejected: the servers' caches never rolled back"
+
+
+def test_prompt_tuning_gradients_equal_local_autograd(family_servers, swarm, llama_family_checkpoints):
+    path = llama_family_checkpoints["qwen3"]
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    pre_seq_len = 3
+    with DistributedLlamaForCausalLM.from_pretrained(
+            path, client_config=_client_config(swarm), tuning_mode="deep_ptune", pre_seq_len=pre_seq_len) as ours:
+        prompts, deep = ours.model.prompt_embeddings.weight, ours.model.intermediate_prompt_embeddings.weight
+        with torch.no_grad():
+            deep.normal_(std=0.3)  # not zero, so every block's prompts matter
+        ids = torch.randint(10, 250, (2, 6), generator=torch.Generator().manual_seed(1))
+        ours(ids, labels=ids).loss.backward()
+
+        ref_prompts, ref_deep = prompts.detach().clone().requires_grad_(), deep.detach().clone().requires_grad_()
+        per_block = ref_deep.view(pre_seq_len, 4, -1).permute(1, 0, 2)
+
+        def adding(block_prompts):
+            def hook(module, args, kwargs):
+                hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+                hidden = torch.cat([hidden[:, :pre_seq_len] + block_prompts, hidden[:, pre_seq_len:]], dim=1)
+                if "hidden_states" in kwargs:
+                    return args, kwargs | {"hidden_states": hidden}
+                return (hidden, *args[1:]), kwargs
+            return hook
+
+        hooks = [layer.register_forward_pre_hook(adding(per_block[i]), with_kwargs=True)
+                 for i, layer in enumerate(reference.model.layers)]
+        try:
+            embeds = torch.cat([ref_prompts.expand(2, -1, -1), reference.model.embed_tokens(ids)], dim=1)
+            logits = reference(inputs_embeds=embeds).logits[:, pre_seq_len:].contiguous()
+            reference.loss_function(logits, ids, vocab_size=reference.config.vocab_size).backward()
+        finally:
+            for hook in hooks:
+                hook.remove()
+    for mine, theirs in [(prompts.grad, ref_prompts.grad), (deep.grad, ref_deep.grad)]:
+        assert theirs.abs().max() > 0
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-7)
+
+
+@pytest.fixture
+def own_llama(llama_family_checkpoints, tmp_path):
+    """A copy of the Llama checkpoint under a name of its own, so its servers serve no other test."""
+    path = tmp_path / f"llama-{time.monotonic_ns() % 10**8}"
+    shutil.copytree(llama_family_checkpoints["llama"], path)
+    return path
+
+
+@torch.inference_mode()
+def test_a_server_killed_mid_generation_is_replayed_around(start_servers, swarm, own_llama, llama):
+    _, reference = llama
+    servers = start_servers([(0, 2), (2, 4), (0, 2), (2, 4)], model=own_llama)
+    expected = reference.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    victims = []
+
+    def kill_the_first_span():
+        peer = ours.active_session.route[0].peer_id_str
+        victims.append(next(server for server in servers if server.peer_id_str == peer))
+        victims[0].signal(signal.SIGKILL)
+
+    with AutoDistributedModelForCausalLM.from_pretrained(own_llama, client_config=_client_config(swarm)) as ours:
+        tokens = ours.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                               logits_processor=LogitsProcessorList([AtCall(4, kill_the_first_span)]))
+    assert victims and victims[0].process.wait(timeout=30) != 0
+    assert tokens.tolist() == expected.tolist()
+
+
+@torch.inference_mode()
+def test_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, swarm, own_llama, llama):
+    _, reference = llama
+    (server,) = start_servers([(0, 4)], "--metrics-port", "0", model=own_llama)
+    url = next(line for line in server.stdout if line.startswith("metrics: ")).split(" ", 1)[1]
+    generator = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(4, 250, (1, 4 + i), generator=generator) for i in range(8)]
+    expected = [reference.generate(p, max_new_tokens=NEW_TOKENS, do_sample=False).tolist() for p in prompts]
+    before = scrape(url)
+    with AutoDistributedModelForCausalLM.from_pretrained(own_llama, client_config=_client_config(swarm)) as ours:
+        barrier = threading.Barrier(8)
+
+        def generate(i):
+            barrier.wait()
+            return ours.generate(prompts[i], max_new_tokens=NEW_TOKENS, do_sample=False).tolist()
+
+        with ThreadPoolExecutor(8) as pool:
+            together = list(pool.map(generate, range(8)))
+    after = scrape(url)
+    assert together == expected
+    passes = value(after, "bloompeer_server_batch_size_count") - value(before, "bloompeer_server_batch_size_count")
+    requests = value(after, "bloompeer_server_batch_size_sum") - value(before, "bloompeer_server_batch_size_sum")
+    assert requests / passes > 2, f"{requests:.0f} requests in {passes:.0f} passes: the sessions were not batched"
