@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import torch
-from transformers import BloomForCausalLM
+from transformers import AutoTokenizer, BloomForCausalLM
 
 from bloompeer.p2p import NetworkConfig, PeerNode
 from bloompeer.peer.cli.default_model import write_random_checkpoint
@@ -32,6 +32,9 @@ LLAMA_FAMILY = {
     # layers 2 and 3 slide
     "qwen3": dict(model_type="qwen3", head_dim=32, tie_word_embeddings=False),  # head_dim 32, not 64 / 4
 }
+# The Qwen3 checkpoint's tokenizer has a chat template of its own (`bloompeer api` must use it).
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
 @pytest.fixture(scope="session")
@@ -45,9 +48,13 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 def llama_family_checkpoints(tmp_path_factory) -> dict[str, Path]:
     """LLAMA_FAMILY's checkpoints (4 blocks, hidden 64), each sharded over a few files."""
     root = tmp_path_factory.mktemp("llama-family")
-    return {name: write_random_checkpoint(root / name, num_blocks=TINY_BLOCKS, hidden_size=64, num_heads=4, seed=2,
-                                          initializer_range=0.15, max_shard_size="100KB", **fields)
-            for name, fields in LLAMA_FAMILY.items()}
+    paths = {name: write_random_checkpoint(root / name, num_blocks=TINY_BLOCKS, hidden_size=64, num_heads=4, seed=2,
+                                           initializer_range=0.15, max_shard_size="100KB", **fields)
+             for name, fields in LLAMA_FAMILY.items()}
+    tokenizer = AutoTokenizer.from_pretrained(paths["qwen3"])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(paths["qwen3"])
+    return paths
 
 
 @pytest.fixture(scope="session")

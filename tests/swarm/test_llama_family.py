@@ -19,11 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LogitsProcessorList
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
 
 from bloompeer import (AutoDistributedModelForCausalLM, ClientConfig, DistributedLlamaForCausalLM, NetworkConfig)
 from bloompeer.peer.cli.local_swarm import stop_in_parallel
 
+from ..api.conftest import start_api
 from ..conftest import LLAMA_FAMILY
 from .conftest import AtCall
 from .test_server_metrics import scrape, value
@@ -229,3 +230,27 @@ def test_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, sw
     passes = value(after, "bloompeer_server_batch_size_count") - value(before, "bloompeer_server_batch_size_count")
     requests = value(after, "bloompeer_server_batch_size_sum") - value(before, "bloompeer_server_batch_size_sum")
     assert requests / passes > 2, f"{requests:.0f} requests in {passes:.0f} passes: the sessions were not batched"
+
+
+@torch.inference_mode()
+def test_the_api_serves_the_family_with_the_checkpoints_chat_template(family_servers, swarm,
+                                                                       llama_family_checkpoints, tmp_path):
+    path = llama_family_checkpoints["qwen3"]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    ids = torch.tensor([tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                      return_dict=True)["input_ids"]])
+    assert tokenizer.decode(ids[0]).startswith("<|system|>Be brief.")  # the checkpoint's own template
+    expected = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                                  do_sample=False)[0, ids.shape[1]:]
+    api = start_api(path, tmp_path, "--initial-peers", *swarm.initial_peers)
+    try:
+        with api.client() as client:
+            models = client.models.list().data
+            response = client.chat.completions.create(model=path.name, messages=messages, max_tokens=8,
+                                                      temperature=0)
+    finally:
+        api.stop()
+    assert [m.id for m in models] == [path.name]
+    assert response.choices[0].message.content == tokenizer.decode(expected, skip_special_tokens=True)
