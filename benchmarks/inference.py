@@ -1,14 +1,15 @@
 """Inference speed through a local swarm, next to transformers on the same weights in the same run.
 
 For each model (random weights, written to a temp dir): starts a bootstrap peer and N servers on
-127.0.0.1 splitting the blocks, then measures for bloompeer and for BloomForCausalLM run locally:
+127.0.0.1 splitting the blocks, then measures for bloompeer and for the model's own transformers
+class (AutoModelForCausalLM) run locally:
   - decode: median time between consecutive tokens of greedy generate (16-token prompt, 32 new);
   - forward: median seconds of one full forward over a 512-token prompt.
 Decoding is measured with server-to-server push, without it, and with the default client (which
 chooses per route from the round trips it measures). Prints a table with the ratios (bloompeer /
 local; lower is better).
 
-    python benchmarks/inference.py                      # tiny and bloom-560m architectures
+    python benchmarks/inference.py                      # tiny, bloom-560m and qwen3-0.6b architectures
     python benchmarks/inference.py --models tiny --servers 3
 """
 
@@ -22,15 +23,18 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import BloomForCausalLM, LogitsProcessor, LogitsProcessorList
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
-from bloompeer import ClientConfig, DistributedBloomForCausalLM, NetworkConfig
+from bloompeer import AutoDistributedModelForCausalLM, ClientConfig, NetworkConfig
 from bloompeer.peer.cli.default_model import write_random_checkpoint
 from bloompeer.peer.cli.local_swarm import LocalSwarm, split_blocks
 
 MODELS = {  # name -> write_random_checkpoint arguments
     "tiny": dict(num_blocks=4, hidden_size=64, num_heads=4, vocab_size=260),
     "bloom-560m": dict(num_blocks=24, hidden_size=1024, num_heads=16, vocab_size=250880, max_shard_size="1GB"),
+    "qwen3-0.6b": dict(model_type="qwen3", num_blocks=28, hidden_size=1024, num_heads=16, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True,
+                       max_shard_size="1GB"),
 }
 
 
@@ -79,7 +83,7 @@ def bench(name: str, servers: int, args: argparse.Namespace) -> dict[str, tuple[
         prompt = torch.randint(4, vocab, (1, args.prompt_tokens), generator=generator)
         long_ids = torch.randint(4, vocab, (1, args.forward_tokens), generator=generator)
         results = {}
-        local = BloomForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        local = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         decode_step_ms(local, prompt, 4, 1)  # warm-up
         results["local"] = (decode_step_ms(local, prompt, args.new_tokens, args.repeats),
                             forward_s(local, long_ids, args.forward_repeats))
@@ -89,7 +93,7 @@ def bench(name: str, servers: int, args: argparse.Namespace) -> dict[str, tuple[
             for mode, push in MODES.items():
                 config = ClientConfig(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True),
                                       push=push)
-                with DistributedBloomForCausalLM.from_pretrained(path, client_config=config) as model:
+                with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=config) as model:
                     decode_step_ms(model, prompt, 4, 1)  # warm-up: route, connections
                     decode = decode_step_ms(model, prompt, args.new_tokens, args.repeats)
                     forward = forward_s(model, long_ids, args.forward_repeats) if push else None

@@ -11,12 +11,12 @@ Two kinds of client drive the sessions:
   - light: one client process, N threads, each with its own inference session through the
     session API (`SwarmClient.open_session`, `InferenceSession.step`), sending random hidden states: nothing but
     the swarm's own work competes with the server for the cores (no embeddings, no LM head);
-  - generate: N threads calling `generate` (greedy) on ONE DistributedBloomForCausalLM, the way a
+  - generate: N threads calling `generate` (greedy) on ONE distributed model, the way a
     program serving many users calls the Python API (the LM head runs in the client process).
 Each session first sends a 16-token prompt (not timed), then `--steps` one-token steps (timed);
 all sessions start stepping together.
 
-    python benchmarks/throughput.py                           # tiny and the bloom-560m architecture
+    python benchmarks/throughput.py                           # tiny, bloom-560m and qwen3-0.6b architectures
     python benchmarks/throughput.py --models bloom-560m --clients light --sessions 1 8
 """
 
@@ -37,7 +37,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from bloompeer import ClientConfig, DistributedBloomForCausalLM, NetworkConfig
+from bloompeer import AutoDistributedModelForCausalLM, ClientConfig, NetworkConfig
 from bloompeer.blocks import open_checkpoint
 from bloompeer.peer.client.swarm_client import SwarmClient
 from bloompeer.peer.cli.default_model import write_random_checkpoint
@@ -46,6 +46,10 @@ from bloompeer.peer.cli.local_swarm import LocalSwarm
 MODELS = {  # name -> write_random_checkpoint arguments: the server holds all of the model's blocks
     "tiny": dict(num_blocks=4, hidden_size=64, num_heads=4, vocab_size=260),
     "bloom-560m": dict(num_blocks=12, hidden_size=1024, num_heads=16, vocab_size=250880, max_shard_size="1GB"),
+    # half of Qwen3-0.6B (14 of its 28 blocks): what one of two servers holds
+    "qwen3-0.6b": dict(model_type="qwen3", num_blocks=14, hidden_size=1024, num_heads=16, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True,
+                       max_shard_size="1GB"),
 }
 PROMPT_TOKENS = 16
 
@@ -180,7 +184,7 @@ class _TokenClock(LogitsProcessor):
         return scores
 
 
-def generate_clients(model: DistributedBloomForCausalLM, vocab_size: int, sessions: int, steps: int,
+def generate_clients(model, vocab_size: int, sessions: int, steps: int,
                      pid: int) -> Result:
     """`sessions` threads calling generate on one model."""
     starts: list[float] = []
@@ -228,7 +232,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[tuple[str, str, int
                     finally:
                         client.shutdown()
                 if "generate" in args.clients:
-                    with DistributedBloomForCausalLM.from_pretrained(path, client_config=config) as model:
+                    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=config) as model:
                         generate_clients(model, spec["vocab_size"], 1, 4, pid)  # warm-up
                         for sessions in args.sessions:
                             results["generate", batching, sessions] = result = measured(

@@ -57,11 +57,15 @@ def family_servers(swarm, llama_family_checkpoints):
 @pytest.fixture(scope="module", params=sorted(LLAMA_FAMILY))
 def pair(request, family_servers, swarm, llama_family_checkpoints):
     """(our model through the swarm, transformers' model) for one checkpoint, pushing between servers
-    for every other one (so that both routes are exercised across the family)."""
+    for every other one (so that both routes are exercised across the family), and trusting only
+    that model's two servers (`trusted_servers`)."""
     path = llama_family_checkpoints[request.param]
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     push = sorted(LLAMA_FAMILY).index(request.param) % 2 == 1
-    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm, push=push)) as ours:
+    trusted = tuple(server.peer_id_str for server in family_servers if server.name.startswith(request.param + "-"))
+    assert len(trusted) == 2
+    config = _client_config(swarm, push=push, trusted_servers=trusted)
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=config) as ours:
         yield ours, reference
 
 
@@ -102,10 +106,13 @@ def test_sampling_with_the_same_seed(pair):
 
 @pytest.fixture(scope="module")
 def llama(family_servers, swarm, llama_family_checkpoints):
+    """The Llama checkpoint's client, checking every step of its servers against its own copy of the blocks."""
     path = llama_family_checkpoints["llama"]
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm)) as ours:
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm),
+                                                         verify_fraction=1.0) as ours:
         yield ours, reference
+        assert ours.client.swarm.bans.banned() == set()  # verification found no honest server lying
 
 
 @pytest.fixture
@@ -254,3 +261,17 @@ def test_the_api_serves_the_family_with_the_checkpoints_chat_template(family_ser
         api.stop()
     assert [m.id for m in models] == [path.name]
     assert response.choices[0].message.content == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_status_shows_the_family_from_the_records(family_servers, swarm, llama_family_checkpoints):
+    import json
+    import subprocess
+    import sys
+
+    path = llama_family_checkpoints["mistral"]
+    result = subprocess.run([sys.executable, "-m", "bloompeer", "status", "--model", str(path), "--json",
+                             "--initial-peers", *swarm.initial_peers], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["missing"] == [] and status["num_blocks"] == 4
+    assert {server["family"] for block in status["blocks"] for server in block["servers"]} == {"llama"}
