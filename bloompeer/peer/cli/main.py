@@ -35,8 +35,8 @@ COMMANDS = {"dht": dht_command, "serve": serve_command, "generate": generate_com
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bloompeer", description="Run BLOOM language models collaboratively: volunteers serve transformer "
-                                      "blocks, users generate text through the swarm.")
+        prog="bloompeer", description="Run language models (BLOOM, Llama, Mistral, Qwen2, Qwen3) collaboratively: "
+                                      "volunteers serve transformer blocks, users generate text through the swarm.")
     parser.add_argument("--version", action="version", version=f"bloompeer {_version.__version__}")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log debug details (and hivemind's INFO), and tracebacks of errors")

@@ -17,8 +17,9 @@ logger = logging.getLogger("bloompeer")
 
 def add_parser(commands) -> None:
     serve = commands.add_parser("serve", help="serve a range of a model's blocks to the swarm",
-                                description="Load blocks A..B-1 of a BLOOM model and serve them to the swarm until "
-                                            "interrupted (SIGINT or SIGTERM), then announce offline and exit.")
+                                description="Load blocks A..B-1 of a model (BLOOM or the Llama family) and serve them to "
+                                            "the swarm until interrupted (SIGINT or SIGTERM), then announce offline and "
+                                            "exit.")
     add_server_flags(serve)
 
 
