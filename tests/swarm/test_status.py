@@ -40,7 +40,7 @@ def test_status_shows_who_serves_what_and_a_server_gone(swarm, fresh_model, star
     assert (data["model"], data["num_blocks"], data["missing"]) == (fresh_model.name, 4, [])
     assert _states(data) == {0: [(a, "online")], 1: [(a, "online")], 2: sorted([(a, "online"), (b, "online")]),
                              3: [(b, "online")]}
-    assert table.splitlines()[0] == f"{fresh_model.name}: 4 blocks" and "MISSING" not in table
+    assert table.splitlines()[0] == f"{fresh_model.name} (bloom family): 4 blocks" and "MISSING" not in table
     rows = _server_rows(table)
     assert rows["…" + a[-8:]][:2] == ["0:3", "online"] and rows["…" + b[-8:]][:2] == ["2:4", "online"]
     assert rows["…" + a[-8:]][-1] == "direct" and float(rows["…" + a[-8:]][2]) > 0  # measured throughput
