@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from threadpoolctl import ThreadpoolController
 from torch import nn
 
@@ -56,16 +55,19 @@ class BatchedLinears:
 
     @staticmethod
     def supported(module: nn.Module) -> bool:
-        return all(p.device.type == "cpu" and p.dtype == torch.float32 for p in module.parameters())
+        """Float32 on the CPU, with nn.Linear layers to copy (a quantized module has none: its
+        layers' own kernels serve batched passes, and no copy is kept)."""
+        has_linears = any(isinstance(linear, nn.Linear) for linear in module.modules())
+        return has_linears and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in module.parameters())
 
     @property
     def nbytes(self) -> int:
         return sum(weight.nbytes for weight in self._transposed.values())
 
-    def __call__(self, linear: nn.Linear, rows: torch.Tensor) -> torch.Tensor:
-        """linear(rows) for rows [n, in]; autograd goes through torch's own linear instead."""
+    def __call__(self, linear: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+        """linear(rows) for rows [n, in]; autograd, and a layer without a copy, go through the layer itself."""
         weight_t = self._transposed.get(id(linear))
         if weight_t is None or (rows.requires_grad and torch.is_grad_enabled()):
-            return F.linear(rows, linear.weight, linear.bias)
+            return linear(rows)
         output = torch.from_numpy(np.matmul(rows.detach().contiguous().numpy(), weight_t))
         return output if linear.bias is None else output.add_(linear.bias)
