@@ -2,9 +2,10 @@
 with float32 in the same run.
 
 1. Kernels: one linear layer of the bloom-560m shape (1024 inputs, 4096 outputs) on one thread, for
-   1 and 8 rows: float32 F.linear (the baseline) against int8 and 4-bit weights for every group
-   size, forward time (median and min of the repeats), the output's error relative to float32's,
-   the weights' bytes, and the backward (the input's gradient, 8 rows).
+   1, 8 and 512 rows: float32 F.linear (the baseline: MKL, what a request alone gets) and float32
+   through oneDNN (what a batched pass gets, blocks/batched_linear.py) against int8 and 4-bit
+   weights for every group size: forward time (median CPU time and min wall time), the output's error
+   relative to float32's, the weights' bytes, and the backward (the input's gradient, 8 rows).
 2. Quality: perplexity of the bundled demo model (6 BLOOM blocks) on its held-out text, computed
    locally with transformers' BloomForCausalLM whose blocks' linear layers are quantized by
    bloompeer.blocks.quantized_linear, for none / int8 / 4-bit at every group size, and the whole
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 from transformers import AutoTokenizer, BloomForCausalLM
 
+from bloompeer.blocks.batched_linear import BatchedLinears
 from bloompeer.blocks.quantized_linear import GROUP_SIZES, Int4Linear, Int8Linear, QuantizedLinear, quantize_linears
 from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR
 
@@ -53,18 +55,33 @@ class WeightFormat:
 
 
 FORMATS = [WeightFormat("none"), WeightFormat("int8")] + [WeightFormat("int4", group) for group in GROUP_SIZES]
+KERNEL_ROWS = (1, 8, 512)
+
+
+class _OneDnnLinear(nn.Module):
+    """Float32 through oneDNN on the layer's own weight, as a batched pass computes it."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return BatchedLinears(self.linear)(self.linear, rows)
 
 
 def timed_us(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """(median, min) of `repeats` calls in microseconds, after a few warm-up calls."""
+    """(median CPU time of this thread, min wall time) of `repeats` calls in microseconds, after a few
+    warm-up calls. The kernels run on this thread alone (one thread), so its CPU time leaves out the
+    time it waited for a core on a shared machine, which wall time does not."""
     for _ in range(3):
         fn()
-    times = []
+    cpu, wall = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        cpu_start, wall_start = time.thread_time(), time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return 1e6 * statistics.median(times), 1e6 * min(times)
+        cpu.append(time.thread_time() - cpu_start)
+        wall.append(time.perf_counter() - wall_start)
+    return 1e6 * statistics.median(cpu), 1e6 * min(wall)
 
 
 def kernel_table(repeats: int) -> None:
@@ -75,21 +92,22 @@ def kernel_table(repeats: int) -> None:
     nn.init.normal_(linear.weight, std=in_features**-0.5)
     print(f"Kernels: one {in_features}x{out_features} layer (random normal weights), 1 thread, "
           f"{repeats} repeats; error is |y - y_float32| / |y_float32| over the rows")
-    print(f"{'weights':<10} {'bytes':>9} {'rows':>4} {'median us':>10} {'min us':>8} {'vs f32':>7} {'rel. error':>11} "
-          f"{'backward us (min)':>18}")
-    for rows in (1, 8):
+    print(f"{'weights':<12} {'bytes':>9} {'rows':>4} {'CPU us':>9} {'wall min':>9} {'vs f32':>7} {'rel. error':>11} "
+          f"{'backward CPU us':>16}")
+    for rows in KERNEL_ROWS:
         inputs = torch.randn(rows, in_features)
         expected = linear(inputs)
+        layers = [("none", linear), ("none oneDNN", _OneDnnLinear(linear))]
+        layers += [(weight_format.label, weight_format.quantize(linear)) for weight_format in FORMATS[1:]]
         baseline = None
-        for weight_format in FORMATS:
-            layer = weight_format.quantize(linear)
-            median, fastest = timed_us(lambda: layer(inputs), repeats)
-            baseline = baseline or fastest
+        for label, layer in layers:
+            cpu, wall = timed_us(lambda: layer(inputs), repeats if rows < 64 else max(5, repeats // 20))
+            baseline = baseline or cpu
             error = float((layer(inputs) - expected).norm() / expected.norm())
-            backward = timed_us(lambda: _input_gradient(layer, inputs), max(5, repeats // 20))[1] if rows == 8 else None
-            size = layer.weight_nbytes if isinstance(layer, QuantizedLinear) else layer.weight.nbytes
-            print(f"{weight_format.label:<10} {size:>9} {rows:>4} {median:>10.0f} {fastest:>8.0f} "
-                  f"{fastest / baseline:>7.2f} {error:>11.2e} {'' if backward is None else f'{backward:.0f}':>18}")
+            backward = timed_us(lambda: _input_gradient(layer, inputs), max(10, repeats // 10))[0] if rows == 8 else None
+            size = layer.weight_nbytes if isinstance(layer, QuantizedLinear) else linear.weight.nbytes
+            print(f"{label:<12} {size:>9} {rows:>4} {cpu:>9.0f} {wall:>9.0f} {cpu / baseline:>7.2f} {error:>11.2e} "
+                  f"{'' if backward is None else f'{backward:.0f}':>16}")
 
 
 def _input_gradient(layer: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
