@@ -110,8 +110,7 @@ def test_one_request_alone_is_bitwise_hf(spans, reference_model):
 @pytest.fixture(scope="module")
 def span_with_batched_linears(tiny_checkpoint):
     span = open_checkpoint(tiny_checkpoint).load_span(1, 4, torch.float32)
-    assert span.keep_batched_linears() == sum(p.numel() * 4 for n, p in span.named_parameters()
-                                              if n.endswith(".weight") and p.dim() == 2)
+    assert span.keep_batched_linears() == 0 and span.batched_linears is not None  # no copy of the weights
     return span
 
 
@@ -129,7 +128,7 @@ def test_a_request_alone_stays_bitwise_hf_with_batched_linears_kept(tiny_checkpo
 def test_batched_segments_equal_separate_requests(spans, span_with_batched_linears, tiny_checkpoint,
                                                   batched_linears, monkeypatch):
     """Steps of three sessions (different lengths, padding, prefill and decode, deep prompts in
-    one) in one pass; with batched linears kept, that pass's linear layers are OpenBLAS's."""
+    one) in one pass; with batched linears kept, that pass's linear layers are oneDNN's."""
     from bloompeer.blocks import Segment
     from bloompeer.blocks.batched_linear import BatchedLinears
 
@@ -165,6 +164,28 @@ def test_batched_segments_equal_separate_requests(spans, span_with_batched_linea
     for one, many in zip(separate, batched):
         torch.testing.assert_close(many, one, rtol=0, atol=1e-5)
     assert len(calls) == (4 * span.num_blocks if batched_linears else 0)  # only the batched pass used them
+
+
+@torch.no_grad()
+def test_batched_linears_run_on_the_thread_count_set_for_batched_passes(span_with_batched_linears, monkeypatch):
+    """The server measures which count a batched pass runs fastest on (peer/server/blas_threads.py)."""
+    from bloompeer.blocks import Segment, batched_linear
+
+    seen = []
+    onednn_linear = batched_linear._onednn_linear
+    monkeypatch.setattr(batched_linear, "_onednn_linear",
+                        lambda *args: seen.append(torch.get_num_threads()) or onednn_linear(*args))
+    hidden = span_with_batched_linears.config.hidden_size
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        batched_linear.set_blas_threads(2)
+        span_with_batched_linears.forward_segments([Segment(torch.randn(1, 1, hidden)) for _ in range(2)])
+        assert torch.get_num_threads() == 1  # the pass's other ops keep the thread's own count
+    finally:
+        batched_linear.set_blas_threads(1)
+        torch.set_num_threads(before)
+    assert seen == [2] * 4 * span_with_batched_linears.num_blocks
 
 
 def test_layers_hold_the_parameters_of_hfs_block(tiny_checkpoint):

@@ -1,0 +1,166 @@
+"""Quantized weights (int8, 4-bit): what they cost in quality and what they save in time, side by side
+with float32 in the same run.
+
+1. Kernels: one linear layer of the bloom-560m shape (1024 inputs, 4096 outputs) on one thread, for
+   1, 8 and 512 rows: float32 F.linear (the baseline: MKL, what a request alone gets) and float32
+   through oneDNN (what a batched pass gets, blocks/batched_linear.py) against int8 and 4-bit
+   weights for every group size: forward time (median CPU time and min wall time), the output's error
+   relative to float32's, the weights' bytes, and the backward (the input's gradient, 8 rows).
+2. Quality: perplexity of the bundled demo model (6 BLOOM blocks) on its held-out text, computed
+   locally with transformers' BloomForCausalLM whose blocks' linear layers are quantized by
+   bloompeer.blocks.quantized_linear, for none / int8 / 4-bit at every group size, and the whole
+   model cast to bfloat16 for comparison. Goals (issue 27): int8 within 0.5 % of float32, 4-bit
+   within 2 %.
+
+    python benchmarks/quantization.py [--skip-kernels] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AutoTokenizer, BloomForCausalLM
+
+from bloompeer.blocks.batched_linear import BatchedLinears
+from bloompeer.blocks.quantized_linear import GROUP_SIZES, Int4Linear, Int8Linear, QuantizedLinear, quantize_linears
+from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR
+
+KERNEL_SHAPE = (1024, 4096)  # (in, out): bloom-560m's dense_h_to_4h
+GOALS = {"int8": 0.005, "int4": 0.02}  # perplexity's relative increase over float32, at most
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How a model's linear weights are stored: kind in none/int8/int4, group_size for int4."""
+
+    kind: str
+    group_size: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.kind if self.group_size is None else f"{self.kind} g{self.group_size}"
+
+    def quantize(self, linear: nn.Linear) -> nn.Module:
+        if self.kind == "int8":
+            return Int8Linear(linear)
+        return Int4Linear(linear, self.group_size) if self.kind == "int4" else linear
+
+
+FORMATS = [WeightFormat("none"), WeightFormat("int8")] + [WeightFormat("int4", group) for group in GROUP_SIZES]
+KERNEL_ROWS = (1, 8, 512)
+
+
+class _OneDnnLinear(nn.Module):
+    """Float32 through oneDNN on the layer's own weight, as a batched pass computes it."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return BatchedLinears(self.linear)(self.linear, rows)
+
+
+def timed_us(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """(median CPU time of this thread, min wall time) of `repeats` calls in microseconds, after a few
+    warm-up calls. The kernels run on this thread alone (one thread), so its CPU time leaves out the
+    time it waited for a core on a shared machine, which wall time does not."""
+    for _ in range(3):
+        fn()
+    cpu, wall = [], []
+    for _ in range(repeats):
+        cpu_start, wall_start = time.thread_time(), time.perf_counter()
+        fn()
+        cpu.append(time.thread_time() - cpu_start)
+        wall.append(time.perf_counter() - wall_start)
+    return 1e6 * statistics.median(cpu), 1e6 * min(wall)
+
+
+def kernel_table(repeats: int) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    in_features, out_features = KERNEL_SHAPE
+    linear = nn.Linear(in_features, out_features).requires_grad_(False)
+    nn.init.normal_(linear.weight, std=in_features**-0.5)
+    print(f"Kernels: one {in_features}x{out_features} layer (random normal weights), 1 thread, "
+          f"{repeats} repeats; error is |y - y_float32| / |y_float32| over the rows")
+    print(f"{'weights':<12} {'bytes':>9} {'rows':>4} {'CPU us':>9} {'wall min':>9} {'vs f32':>7} {'rel. error':>11} "
+          f"{'backward CPU us':>16}")
+    for rows in KERNEL_ROWS:
+        inputs = torch.randn(rows, in_features)
+        expected = linear(inputs)
+        layers = [("none", linear), ("none oneDNN", _OneDnnLinear(linear))]
+        layers += [(weight_format.label, weight_format.quantize(linear)) for weight_format in FORMATS[1:]]
+        baseline = None
+        for label, layer in layers:
+            cpu, wall = timed_us(lambda: layer(inputs), repeats if rows < 64 else max(5, repeats // 20))
+            baseline = baseline or cpu
+            error = float((layer(inputs) - expected).norm() / expected.norm())
+            backward = timed_us(lambda: _input_gradient(layer, inputs), max(10, repeats // 10))[0] if rows == 8 else None
+            size = layer.weight_nbytes if isinstance(layer, QuantizedLinear) else linear.weight.nbytes
+            print(f"{label:<12} {size:>9} {rows:>4} {cpu:>9.0f} {wall:>9.0f} {cpu / baseline:>7.2f} {error:>11.2e} "
+                  f"{'' if backward is None else f'{backward:.0f}':>16}")
+
+
+def _input_gradient(layer: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    rows = inputs.detach().requires_grad_()
+    output = layer(rows)
+    (grad,) = torch.autograd.grad(output, rows, torch.ones_like(output))
+    return grad
+
+
+def heldout_ids() -> torch.Tensor:
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL_DIR)
+    return tokenizer((DEMO_MODEL_DIR / "heldout.txt").read_text(encoding="utf-8"), return_tensors="pt").input_ids
+
+
+def local_model(weight_format: WeightFormat, base: BloomForCausalLM) -> BloomForCausalLM:
+    """The demo model with every block's linear layers stored as `weight_format` (embeddings, norms and
+    the LM head stay float32), quantized block by block as a server would."""
+    model = copy.deepcopy(base)
+    for block in model.transformer.h:
+        quantize_linears(block, weight_format.kind, weight_format.group_size or 64)
+    return model
+
+
+@torch.inference_mode()
+def perplexity(model: BloomForCausalLM, ids: torch.Tensor) -> float:
+    return math.exp(model(ids, labels=ids).loss.item())
+
+
+def quality_table() -> None:
+    ids = heldout_ids()
+    base = BloomForCausalLM.from_pretrained(DEMO_MODEL_DIR, dtype=torch.float32).eval()
+    print(f"\nQuality: demo model ({base.config.n_layer} blocks, hidden {base.config.hidden_size}), "
+          f"heldout.txt ({ids.shape[1]} tokens), perplexity computed locally")
+    print(f"{'weights':<22} {'perplexity':>10} {'vs float32':>11} {'goal':>7}")
+    reference = perplexity(base, ids)
+    for weight_format in FORMATS:
+        value = reference if weight_format.kind == "none" else perplexity(local_model(weight_format, base), ids)
+        goal = GOALS.get(weight_format.kind)
+        verdict = "" if goal is None else ("met" if value <= reference * (1 + goal) else "MISSED")
+        print(f"{weight_format.label:<22} {value:>10.3f} {value / reference - 1:>+11.2%} {verdict:>7}")
+    whole_bfloat16 = perplexity(copy.deepcopy(base).to(torch.bfloat16), ids)
+    print(f"{'whole model bfloat16':<22} {whole_bfloat16:>10.3f} {whole_bfloat16 / reference - 1:>+11.2%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--skip-kernels", action="store_true", help="print only the quality table")
+    parser.add_argument("--repeats", type=int, default=200, help="timed calls per kernel and row count")
+    args = parser.parse_args()
+    if not args.skip_kernels:
+        kernel_table(args.repeats)
+    quality_table()
+
+
+if __name__ == "__main__":
+    main()
