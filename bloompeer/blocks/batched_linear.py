@@ -23,42 +23,31 @@ from __future__ import annotations
 import threading
 
 import torch
-from threadpoolctl import ThreadpoolController
 from torch import nn
 
-__all__ = ["BatchedLinears", "set_blas_threads"]
+__all__ = ["BatchedLinears", "set_batched_threads"]
 
 MAX_ROWS = 64
 
-_blas_setters = None  # per BLAS library loaded (numpy's OpenBLAS): the function that sets its thread count
 _batched_threads = threading.local()  # .count: the thread count for the batched linears of this thread's passes
 
 
-def set_blas_threads(count: int) -> None:
-    """The thread count for the batched linears of the calling thread's passes, and OpenBLAS's for
-    its calls (a few microseconds: fine before every pass). The batched linears run in oneDNN on
-    torch's intra-op threads, set to `count` around each layer; OpenBLAS is set as well, for numpy
-    on that thread, though no linear layer of ours runs there any more.
-
-    OpenBLAS (0.3.27 on) keeps a count per calling thread, and a thread other than the main one
-    ignores the process-wide count that threadpoolctl sets; so where the library has the per-thread
-    setter, that is used, through threadpoolctl's handle on the library.
-    """
-    global _blas_setters
+def set_batched_threads(count: int) -> None:
+    """The thread count for the batched linears of the calling thread's passes (the server's
+    compute thread sets it before each batched pass). They run in oneDNN on torch's intra-op
+    threads, set to `count` around each layer; the pass's other ops keep the thread's own count."""
     _batched_threads.count = count
-    if _blas_setters is None:
-        libraries = ThreadpoolController().select(user_api="blas").lib_controllers
-        _blas_setters = [getattr(library.dynlib, "openblas_set_num_threads_local", library.set_num_threads)
-                         for library in libraries]
-    for setter in _blas_setters:
-        setter(count)
+
+
+def batched_threads() -> int | None:
+    """What set_batched_threads last set in the calling thread (None: never set)."""
+    return getattr(_batched_threads, "count", None)
 
 
 class BatchedLinears:
     """The linear layer of batched passes (oneDNN on each layer's own float32 weight, CPU); keeps nothing."""
 
     max_rows = MAX_ROWS
-    nbytes = 0  # no copy of the weights
 
     def __init__(self, module: nn.Module):
         if not self.supported(module):
@@ -76,7 +65,7 @@ class BatchedLinears:
         """linear(rows) for rows [n, in]; autograd, and a layer that is not nn.Linear, go through the layer itself."""
         if not isinstance(linear, nn.Linear) or (rows.requires_grad and torch.is_grad_enabled()):
             return linear(rows)
-        threads, previous = getattr(_batched_threads, "count", None), torch.get_num_threads()
+        threads, previous = batched_threads(), torch.get_num_threads()
         if threads is None or threads == previous:
             return _onednn_linear(linear, rows)
         torch.set_num_threads(threads)  # 0.2 us; the pass's other ops keep the compute thread's count

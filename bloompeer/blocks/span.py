@@ -6,7 +6,7 @@ attention runs per session against that session's own cache, length and padding.
 span (bloom.py, llama.py) writes out its block op for op as transformers computes it, with two
 seams this loop provides: `linear(module, rows)` for every linear layer (transformers' own call for
 one request alone, so that it gives transformers' values; the batched-pass kernel when several
-requests share a pass; quantized kernels where the weights are stored so), and per-segment
+requests share a pass; a quantized layer computes itself either way), and per-segment
 attention inputs (positions, masks) computed once per pass rather than once per block.
 """
 
@@ -88,7 +88,7 @@ class BlockSpan(nn.Module):
         self.check_config(config)
         self.config, self.start, self.end = config, start, end
         self.blocks = nn.ModuleList(self.make_block(config, i) for i in range(start, end))
-        self.batched_linears: BatchedLinears | None = None  # see keep_batched_linears
+        self.batched_linears: BatchedLinears | None = None  # see use_batched_linears
 
     # What a family provides
 
@@ -130,13 +130,13 @@ class BlockSpan(nn.Module):
     def cache_nbytes(self, num_blocks: int, batch: int, max_length: int, dtype: torch.dtype) -> int:
         return SessionCache.nbytes(self.kv_heads, self.head_dim, num_blocks, batch, max_length, dtype)
 
-    def keep_batched_linears(self) -> int:
-        """Keep the copy of the weights that passes of several requests compute with (see
-        batched_linear.py), where it is for (float32 on the CPU); returns its size in bytes."""
-        if not BatchedLinears.supported(self):
-            return 0
-        self.batched_linears = BatchedLinears(self)
-        return self.batched_linears.nbytes
+    def use_batched_linears(self) -> bool:
+        """Compute the linear layers of passes of several requests with the batched-pass kernel (see
+        batched_linear.py; it keeps no copy of the weights), where it serves (float32 nn.Linear on the
+        CPU); whether it does."""
+        if BatchedLinears.supported(self):
+            self.batched_linears = BatchedLinears(self)
+        return self.batched_linears is not None
 
     def forward(
         self, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None, cache: SessionCache | None = None,

@@ -110,14 +110,14 @@ def test_one_request_alone_is_bitwise_hf(spans, reference_model):
 @pytest.fixture(scope="module")
 def span_with_batched_linears(tiny_checkpoint):
     span = open_checkpoint(tiny_checkpoint).load_span(1, 4, torch.float32)
-    assert span.keep_batched_linears() == 0 and span.batched_linears is not None  # no copy of the weights
+    assert span.use_batched_linears() and span.batched_linears is not None
     return span
 
 
 @torch.no_grad()
 def test_a_request_alone_stays_bitwise_hf_with_batched_linears_kept(tiny_checkpoint, reference_model):
     span = open_checkpoint(tiny_checkpoint).load_span(0, 3, torch.float32)
-    span.keep_batched_linears()
+    span.use_batched_linears()
     expected = reference_model(IDS, attention_mask=MASK, output_hidden_states=True).hidden_states
     hidden = span(_embed(reference_model, IDS), MASK.bool())
     torch.testing.assert_close(hidden, expected[3], rtol=0, atol=0)  # [4] is after the final layer norm
@@ -168,7 +168,7 @@ def test_batched_segments_equal_separate_requests(spans, span_with_batched_linea
 
 @torch.no_grad()
 def test_batched_linears_run_on_the_thread_count_set_for_batched_passes(span_with_batched_linears, monkeypatch):
-    """The server measures which count a batched pass runs fastest on (peer/server/blas_threads.py)."""
+    """The server measures which count a batched pass runs fastest on (peer/server/batched_threads.py)."""
     from bloompeer.blocks import Segment, batched_linear
 
     seen = []
@@ -179,11 +179,11 @@ def test_batched_linears_run_on_the_thread_count_set_for_batched_passes(span_wit
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        batched_linear.set_blas_threads(2)
+        batched_linear.set_batched_threads(2)
         span_with_batched_linears.forward_segments([Segment(torch.randn(1, 1, hidden)) for _ in range(2)])
         assert torch.get_num_threads() == 1  # the pass's other ops keep the thread's own count
     finally:
-        batched_linear.set_blas_threads(1)
+        batched_linear.set_batched_threads(1)
         torch.set_num_threads(before)
     assert seen == [2] * 4 * span_with_batched_linears.num_blocks
 

@@ -190,7 +190,7 @@ def test_a_quantized_bloom_span_computes_the_hand_arithmetic_alone_batched_and_b
     span, reference, float_span = _quantized_span_and_hand_reference(kind)
     layers = [module for module in span.modules() if isinstance(module, (nn.Linear, QuantizedLinear))]
     assert len(layers) == 4 * span.num_blocks and all(isinstance(layer, QuantizedLinear) for layer in layers)
-    assert span.keep_batched_linears() == 0 and span.batched_linears is None  # no second copy
+    assert not span.use_batched_linears() and span.batched_linears is None  # its layers compute themselves
     torch.manual_seed(4)
     hidden = torch.randn(2, 5, BLOCK_CONFIG.hidden_size)
     mask = torch.ones(2, 5, dtype=torch.bool)

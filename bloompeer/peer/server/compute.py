@@ -4,8 +4,8 @@ One thread per device keeps a forward from stalling the network and keeps kernel
 competing for the same cores. On CPU it also picks torch's intra-op thread count per call: a
 decode step of a few rows is bound by memory bandwidth, and splitting it over threads cost
 more than it saved. The linear layers of a decode pass that batches several sessions run in
-OpenBLAS (blocks/batched_linear.py), on as many threads as such passes measurably run fastest with
-(blas_threads.py): there the barrier is once per layer, and whether it pays depends on the other core.
+oneDNN (blocks/batched_linear.py), on as many threads as such passes measurably run fastest with
+(batched_threads.py): there the barrier is once per layer, and whether it pays depends on the other core.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import TypeVar
 
 import torch
 
-from ...blocks import set_blas_threads
+from ...blocks import set_batched_threads
 from ...blocks.batched_linear import MAX_ROWS as BATCHED_LINEAR_MAX_ROWS
-from .blas_threads import BlasThreadChoice
+from .batched_threads import BatchedThreadChoice
 
 __all__ = ["ComputeWorker", "SINGLE_THREAD_MAX_DECODE_ROWS", "SINGLE_THREAD_MAX_ROWS"]
 
@@ -47,29 +47,27 @@ class ComputeWorker:
         self._cpu = torch.device(device).type == "cpu"
         self._max_threads = torch.get_num_threads()
         self._threads = None  # what the compute thread is set to (a per-thread OpenMP setting)
-        self._blas_threads = BlasThreadChoice(self._max_threads, set_blas_threads)
-        if self._cpu:
-            set_blas_threads(1)  # OpenBLAS defaults to every core; the compute thread's count is set per batched pass
+        self._batched_threads = BatchedThreadChoice(self._max_threads, set_batched_threads)
 
     async def run(self, fn: Callable[..., T], *args, rows: int = 1 << 30, decode: bool = False,
                   batched: bool = False) -> T:
         """Run fn(*args) on the compute thread; `rows` (batch x tokens) and whether it is an
         inference pass (`decode`) size its thread count; a decode pass of several requests
-        (`batched`) has its linear layers in OpenBLAS, with the thread count that blas_threads.py chooses."""
+        (`batched`) has its linear layers in oneDNN, with the thread count that batched_threads.py chooses."""
         single_max = SINGLE_THREAD_MAX_DECODE_ROWS if decode else SINGLE_THREAD_MAX_ROWS
         threads = 1 if rows <= single_max else self._max_threads
         measured = self._cpu and batched and decode and rows <= BATCHED_LINEAR_MAX_ROWS
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, self._call, fn, args, threads, rows if measured else None)
 
-    def _call(self, fn: Callable[..., T], args: tuple, threads: int, blas_rows: int | None) -> T:
+    def _call(self, fn: Callable[..., T], args: tuple, threads: int, batched_rows: int | None) -> T:
         if self._cpu:
             if threads != self._threads:
                 torch.set_num_threads(threads)
                 self._threads = threads
-        if blas_rows is None:
+        if batched_rows is None:
             return fn(*args)
-        return self._blas_threads.run(blas_rows, lambda: fn(*args))
+        return self._batched_threads.run(batched_rows, lambda: fn(*args))
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

@@ -146,10 +146,7 @@ class Server:
         logger.info("Throughput: %.1f tokens/s per block", self.throughput)
         self.startup.lap("throughput")
         if self.config.max_batch_sessions != 1:
-            copied = await self.compute.run(span.keep_batched_linears)
-            if copied:
-                logger.info("Batched passes: a second copy of the weights, input-major (%.1f MiB; "
-                            "--max-batch-sessions 1 for none)", copied / 2**20)
+            span.use_batched_linears()
         self._start_serving(span)
         self.startup.lap("attention cache")
         handlers = {

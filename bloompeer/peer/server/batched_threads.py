@@ -1,12 +1,12 @@
-"""How many threads OpenBLAS gets for a batched decode pass: the count that recent passes of that size
-ran faster with, trying more threads only while the other cores look free.
+"""How many threads the linear layers of a batched decode pass get: the count that recent passes of
+that size ran faster with, trying more threads only while the other cores look free.
 
-Why measured, not set: OpenBLAS splits each of a batched pass's linear layers (blocks/batched_linear.py)
+Why measured, not set: oneDNN splits each of a batched pass's linear layers (blocks/batched_linear.py)
 across its threads and waits for the slowest. With the second core free that is much faster; with
-something else keeping it busy, every layer waits for a descheduled thread. 8 rows through 12 blocks
-of hidden 1024 on a 2-core VM: 109 to 128 ms on two threads, 162 to 181 ms on one; with a busy loop
-on the other core, passes on two threads took 0.9 to 2.8 s inside a server whose clients shared the
-remaining core.
+something else keeping it busy, every layer waits for a descheduled thread. Measured when these
+layers ran in OpenBLAS, which splits them alike; 8 rows through 12 blocks of hidden 1024 on a 2-core
+VM: 109 to 128 ms on two threads, 162 to 181 ms on one; with a busy loop on the other core, passes on
+two threads took 0.9 to 2.8 s inside a server whose clients shared the remaining core.
 
 So each size of pass (rows, by powers of two) keeps a moving average of its time per thread count and
 uses the faster. Now and then it tries the other once, to notice that the machine changed: after
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["BlasThreadChoice"]
+__all__ = ["BatchedThreadChoice"]
 
 T = TypeVar("T")
 
@@ -46,7 +46,7 @@ class _Size:
         self.trying: int | None = None  # the count being tried in this pass, if it is a try
 
 
-class BlasThreadChoice:
+class BatchedThreadChoice:
     def __init__(self, max_threads: int, set_threads: Callable[[int], None] = lambda threads: None):
         self.options = (1, max_threads) if max_threads > 1 else (1,)
         self._set_threads = set_threads
