@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 
 from .flags import add_server_flags, server_config
@@ -46,9 +47,14 @@ async def _run(args: argparse.Namespace) -> int:
         print(server.reachability, flush=True)
         if server.metrics_endpoint is not None:
             print(f"metrics: {server.metrics_endpoint.url}", flush=True)
-        print(f"online: serving {server.model_uid} blocks {server.start}:{server.end} as {server.node.peer_id_str}",
-              flush=True)
-        await stop.wait()
+        print(_online_line(server), flush=True)
+        server.on_move = functools.partial(_print_move, server)
+        stopping, failing = asyncio.ensure_future(stop.wait()), asyncio.ensure_future(server.failed.wait())
+        await asyncio.wait([stopping, failing], return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        failing.cancel()
+        if server.failed.is_set():
+            return 1  # the server logged why
         stop.clear()
         logger.info("Draining (up to %.0f s; signal again to exit now)", config.drain_timeout_s)
         draining = asyncio.ensure_future(server.drain(config.drain_timeout_s))
@@ -57,3 +63,16 @@ async def _run(args: argparse.Namespace) -> int:
     finally:
         await server.shutdown()
     return 0
+
+
+def _online_line(server) -> str:
+    return f"online: serving {server.model_uid} blocks {server.start}:{server.end} as {server.node.peer_id_str}"
+
+
+def _print_move(server, stage: str, plan) -> None:
+    """A --num-blocks server moving where the swarm needs it: "moving: ..." when it commits, then its
+    "online: ..." line again once it serves the new blocks."""
+    if stage == "moving":
+        print(f"moving: to {server.model_uid} blocks {plan.start}:{plan.end} ({plan.reason})", flush=True)
+    else:
+        print(_online_line(server), flush=True)

@@ -34,5 +34,11 @@ class ServerConfig:
     check_reachability: bool = True  # ask a peer to dial us back (False: a swarm on one machine, where all can)
     drain_timeout_s: float = 5.0  # on SIGTERM, how long open sessions get to move before the server exits
     choice_delay_s: float = 2.0  # --num-blocks waits up to this long (random) so that peers starting together differ
+    # --num-blocks: how often (jittered by half) the server looks where the swarm needs blocks, and the
+    # longest random wait before it looks again and moves. With a whole range killed, its records say
+    # online until they expire (90 s); a look asks their servers, so the range is served again within
+    # about a period, the wait, the drain timeout and a load (tests/swarm/test_rebalancing.py)
+    rebalance_period_s: float = 10.0
+    move_delay_s: float = 5.0
     metrics_port: int | None = None  # serve Prometheus metrics at http://metrics_host:PORT/metrics (0: any free port)
     metrics_host: str = "127.0.0.1"  # where the metrics endpoint listens (0.0.0.0: for a Prometheus elsewhere)

@@ -153,12 +153,16 @@ async def handle_inference_stream(backend: SpanBackend, pusher: PushSender, peer
         await stream.close()
 
 
-async def handle_push_stream(backend: SpanBackend, pusher: PushSender, peer_id_str: str, reader, writer) -> None:
+async def handle_push_stream(serving: Callable[[], SpanBackend], pusher: PushSender, peer_id_str: str, reader,
+                             writer) -> None:
     """Steps pushed by another server. Each runs as its own task, so steps of different sessions
-    arriving on one stream are batched together rather than run one after another."""
+    arriving on one stream are batched together rather than run one after another. The previous
+    server keeps its stream to us open for all the sessions it pushes to us, also across a move
+    of ours to other blocks: each step goes to the backend `serving()` now."""
     running: set[asyncio.Task] = set()
 
     async def handle(frame: dict[str, Any]) -> None:
+        backend = serving()
         pushed = decode_message(frame, PushStep)
         session = backend.registry.find(pushed.session_id)
         if session is None:
@@ -174,8 +178,8 @@ async def handle_push_stream(backend: SpanBackend, pusher: PushSender, peer_id_s
         logger.debug("Bad push from %s: %s", peer_id_str, getattr(message, "message", message))
 
     try:
-        loop = _serve_frames(reader, send_nothing, handle, backend.config.max_frame_bytes, peer_id_str,
-                             backend.metrics)
+        loop = _serve_frames(reader, send_nothing, handle, serving().config.max_frame_bytes, peer_id_str,
+                             serving().metrics)
         await _run_stream("push", peer_id_str, writer, loop)
     finally:
         await asyncio.gather(*running, return_exceptions=True)

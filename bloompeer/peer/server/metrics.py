@@ -56,6 +56,18 @@ class ServerMetrics:
         self.batch_size = Histogram(f"{prefix}_batch_size", "Requests computed together in one pass through the "
                                     "blocks (steps of different sessions share a pass)", buckets=BATCH_BUCKETS,
                                     registry=self.registry)
+        self.moves = Counter(f"{prefix}_moves", "Moves to other blocks (--num-blocks servers go where the swarm "
+                             "needs them)", registry=self.registry)
+        self.rebalance_checks = Counter(f"{prefix}_rebalance_checks", "Looks at the swarm for where blocks are "
+                                        "needed (--num-blocks servers, every period)", registry=self.registry)
+        self.probes = Counter(f"{prefix}_liveness_probes", "Servers asked whether they serve what their records say "
+                              "(while looking where blocks are needed), by answer: answered, silent",
+                              ["answer"], registry=self.registry)
+        self.dht = Counter(f"{prefix}_dht_operations", "DHT operations this server started, by kind: announce "
+                           "(storing its record under each of its blocks), lookup (reading every block's records)",
+                           ["kind"], registry=self.registry)
+        self.dht_keys = Counter(f"{prefix}_dht_keys", "Block keys those DHT operations stored or read, by kind",
+                                ["kind"], registry=self.registry)
         self._gauges = {
             name: Gauge(f"{prefix}_{name}", text, registry=self.registry) for name, text in {
                 "open_sessions": "Inference sessions open now",
@@ -66,6 +78,11 @@ class ServerMetrics:
         }
         for kind in ("inference", "forward", "backward"):
             self.tokens.labels(kind)  # present (at 0) from the first scrape on
+        for kind in ("announce", "lookup"):
+            self.dht.labels(kind)
+            self.dht_keys.labels(kind)
+        for answer in ("answered", "silent"):
+            self.probes.labels(answer)
 
     def watch(self, state: LiveState) -> None:
         """Let the gauges read the server's live state at each scrape."""
@@ -75,6 +92,17 @@ class ServerMetrics:
     def count_request(self, kind: str, code: ErrorCode | str = OK) -> None:
         kind = kind if kind in REQUEST_KINDS else "invalid"
         self.requests.labels(kind, code.value if isinstance(code, ErrorCode) else code).inc()
+
+    def count_dht(self, kind: str, keys: int) -> None:
+        """One DHT operation of ours: "announce" (a store under `keys` block keys) or "lookup" (a read)."""
+        self.dht.labels(kind).inc()
+        self.dht_keys.labels(kind).inc(keys)
+
+    def count_probe(self, answered: bool) -> None:
+        self.probes.labels("answered" if answered else "silent").inc()
+
+    def count_rebalance_check(self) -> None:
+        self.rebalance_checks.inc()
 
     def count_pass(self, kind: str, requests: int, rows: int) -> None:
         """One pass of the compute thread: `requests` together, `rows` tokens computed."""

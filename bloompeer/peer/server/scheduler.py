@@ -98,6 +98,9 @@ class Scheduler:
         self._arrived = asyncio.Event()  # set by every submission: what a gathering wait waits on
         self._last_pass: dict[tuple, tuple[frozenset[int], float]] = {}  # group -> (its sessions, seconds)
         self._order = itertools.count()
+        self._stopped = False
+        self._idle = asyncio.Event()  # set while no pass runs
+        self._idle.set()
         self.batches_run = 0  # for tests and logs: how many passes ran, and with how many requests
         self.requests_run = 0
 
@@ -183,6 +186,8 @@ class Scheduler:
         return await self._submit(_Work(Priority.BACKWARD, next(self._order), ("backward",), rows, run=run))
 
     async def _submit(self, work: _Work) -> torch.Tensor:
+        if self._stopped:
+            raise _moved_away()
         work.future = asyncio.get_running_loop().create_future()
         heapq.heappush(self._queue, work)
         self._ready.set()
@@ -227,21 +232,38 @@ class Scheduler:
             heapq.heappush(self._queue, work)
         return batch
 
+    async def stop(self) -> None:
+        """Refuse the waiting work and anything submitted from now on (the span is going away), and
+        return once the pass running now, if any, has answered its requests; run() then ends."""
+        self._stopped = True
+        for work in self._queue:
+            if not work.future.done():
+                work.future.set_exception(_moved_away())
+        self._queue.clear()
+        self._ready.set()
+        await self._idle.wait()
+
     async def run(self) -> None:
-        """Feed the compute thread forever (run as a task)."""
-        while True:
+        """Feed the compute thread until stopped (run as a task)."""
+        while not self._stopped:
             await self._ready.wait()
             if not self._queue:
                 self._ready.clear()
                 continue
             await self._gather()
+            if not self._queue:  # stopped while gathering
+                continue
             batch = [work for work in self._next_batch() if not work.future.cancelled()]
             if not batch:
                 continue
             rows = sum(work.rows for work in batch)
             started = time.perf_counter()
-            results = await self.compute.run(self._execute, batch, rows=rows, decode=batch[0].segment is not None,
-                                            batched=len(batch) > 1)
+            self._idle.clear()
+            try:
+                results = await self.compute.run(self._execute, batch, rows=rows,
+                                                decode=batch[0].segment is not None, batched=len(batch) > 1)
+            finally:
+                self._idle.set()
             if batch[0].segment is not None:
                 self._last_pass[batch[0].group] = (frozenset(work.session for work in batch),
                                                    time.perf_counter() - started)
@@ -282,3 +304,8 @@ class Scheduler:
             if isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc):
                 exc = ProtocolError(f"the server ran out of memory for this request: {exc}", ErrorCode.BUSY)
             return None, exc
+
+
+def _moved_away() -> ProtocolError:
+    return ProtocolError("this server stopped serving these blocks (it is moving to others); use another server",
+                         ErrorCode.NOT_SERVING)

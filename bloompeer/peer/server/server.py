@@ -9,10 +9,12 @@ periods ahead, so a server that dies without a word (SIGKILL) disappears on its 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import random
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -23,17 +25,16 @@ from ...p2p import (
     RequestLimits, ServerRecord, ServerState, get_dht_time, serve, stop_serving,
 )
 from .backend import SpanBackend
-from .block_choice import choose_blocks
+from .block_choice import Move, ServedSpan
 from .compute import ComputeWorker
 from .config import ServerConfig
 from .handlers import handle_forward_stream, handle_inference_stream, handle_info_stream, handle_push_stream
-from .memory import CacheBudget, default_cache_bytes
 from .metrics import LiveState, MetricsEndpoint, ServerMetrics
 from .push import PushSender
 from .push_rtts import PushRtts
 from .reachability import join_network
-from .scheduler import Scheduler
-from .sessions import SessionRegistry
+from .rebalancer import Rebalancer
+from .span_service import SpanService
 from .throughput import MEASURE_STEPS, QUICK_STEPS, cached_throughput, measure_throughput
 
 __all__ = ["Server", "StartupClock"]
@@ -71,10 +72,10 @@ class StartupClock:
 
 class Server:
     """One volunteer's contribution: a contiguous span of blocks, served to whoever asks, for as long
-    as the process runs.
+    as the process runs (and, with --num-blocks, moved to other blocks when the swarm needs them).
 
-    It owns everything with the server's lifetime (network peer, compute thread, cache budget,
-    scheduler, DHT announcer) so that shutdown can release them in one defined order: stop the
+    It owns everything with the server's lifetime (network peer, compute thread, the span served
+    now, DHT announcer, rebalancer) so that shutdown can release them in one defined order: stop the
     background tasks, say goodbye on the DHT while the daemon still lives, then close the network
     and the compute thread. Handlers get the parts they need, never the Server, so the
     request path has no way to reach into the lifecycle.
@@ -87,14 +88,16 @@ class Server:
         self.start, self.end = config.start, config.end
         self.throughput = config.throughput or 0.0
         self.state = ServerState.JOINING
-        self.backend: SpanBackend | None = None
-        self.budget: CacheBudget | None = None
+        self.service: SpanService | None = None  # the span served now (a retired one during a move)
+        self.rebalancer: Rebalancer | None = None  # with --num-blocks
         self.pusher = PushSender(node.p2p)
         self.push_rtts = PushRtts(node.p2p, node.peer_id_str)
         self.metrics = ServerMetrics()
         self.metrics_endpoint: MetricsEndpoint | None = None  # with --metrics-port
         self.reachability, self.relayed = "reachability: not checked", False
-        self._tasks: list[asyncio.Task] = []  # announcer, scheduler, idle-session reaper
+        self.on_move: Callable[[str, Move], None] = lambda stage, plan: None  # "moving", then "online"
+        self.failed = asyncio.Event()  # a background task that cannot go on (a move that could not load)
+        self._tasks: list[asyncio.Task] = []  # announcer, next hops, rebalancer
         self._handlers: list[str] = []
         self.startup = StartupClock()
 
@@ -131,39 +134,69 @@ class Server:
             self.metrics_endpoint = MetricsEndpoint(self.metrics, self.config.metrics_host, self.config.metrics_port)
             logger.info("Metrics for Prometheus at %s", self.metrics_endpoint.url)
         if self.start is None:
+            self.rebalancer = Rebalancer(self.node.p2p, self.node.directory, self.model_uid, num_blocks,
+                                         self.node.peer_id_str, self.metrics, self.config.rebalance_period_s,
+                                         self.config.move_delay_s)
             await asyncio.sleep(random.uniform(0, self.config.choice_delay_s))
-            servers = await self.node.directory.find_servers(self.model_uid, num_blocks)
-            self.start, self.end = choose_blocks(servers, num_blocks, self.config.num_blocks)
+            self.start, self.end = await self.rebalancer.choose(self.config.num_blocks, self.config.throughput)
             logger.info("Chose blocks %d:%d, where the swarm is weakest", self.start, self.end)
-        load = functools.partial(self.checkpoint.load_span, self.start, self.end, getattr(torch, self.config.dtype),
-                                 self.config.device)
-        # loading in the compute thread keeps the loop (and the DHT node) responsive, and announcing
-        # "joining" meanwhile costs no time
-        span, _ = await asyncio.gather(self.compute.run(load), self.announce())
+        # from now on other servers looking for gaps ask us what we serve (loading: joining)
+        await self._serve(INFO_PROTOCOL, functools.partial(handle_info_stream, self.info, self.metrics))
+        span = await self._load_while_joining()
         self.startup.lap("blocks and announcing joining")
         if not self.throughput:
             self.throughput = await self._measure_throughput(span)
         logger.info("Throughput: %.1f tokens/s per block", self.throughput)
         self.startup.lap("throughput")
-        if self.config.max_batch_sessions != 1:
-            span.use_batched_linears()
-        self._start_serving(span)
+        self.service = self._serve_span(span)
+        self.metrics.watch(LiveState(
+            open_sessions=lambda: len(self.service.registry.sessions), queue_depth=lambda: self.service.scheduler.queue_depth,
+            cache_tokens_used=lambda: self.service.budget.used_bytes // self.service.budget.bytes_per_token,
+            cache_tokens_free=lambda: self.service.budget.tokens_left))
         self.startup.lap("attention cache")
-        handlers = {
-            INFERENCE_PROTOCOL: functools.partial(handle_inference_stream, self.backend, self.pusher),
-            PUSH_PROTOCOL: functools.partial(handle_push_stream, self.backend, self.pusher),
-            FORWARD_PROTOCOL: functools.partial(handle_forward_stream, self.backend),
-            BACKWARD_PROTOCOL: functools.partial(handle_forward_stream, self.backend),
-            INFO_PROTOCOL: functools.partial(handle_info_stream, self.info, self.metrics),
-        }
-        for name, handler in handlers.items():
-            await serve(self.node.p2p, name, handler)
-            self._handlers.append(name)
+        # a stream is served by the span served when it opens; pushed steps by the one served when they come
+        await self._serve(INFERENCE_PROTOCOL, self._inference_stream)
+        await self._serve(PUSH_PROTOCOL, functools.partial(handle_push_stream, self._backend, self.pusher))
+        await self._serve(FORWARD_PROTOCOL, self._forward_stream)
+        await self._serve(BACKWARD_PROTOCOL, self._forward_stream)
         self.state = ServerState.ONLINE
         await self.announce()
         self.startup.lap("announce")
-        self._tasks.append(asyncio.create_task(self._announce_periodically(), name="bloompeer-announcer"))
-        self._tasks.append(asyncio.create_task(self._measure_next_hops(num_blocks), name="bloompeer-next-hops"))
+        self._start_task(self._announce_periodically(), "bloompeer-announcer")
+        self._start_task(self._measure_next_hops(num_blocks), "bloompeer-next-hops")
+        if self.rebalancer is not None:
+            self._start_task(self.rebalancer.run(self._served_span, self.move), "bloompeer-rebalancer")
+
+    def _start_task(self, coroutine, name: str) -> None:
+        task = asyncio.create_task(coroutine, name=name)
+        task.add_done_callback(self._check_task)
+        self._tasks.append(task)
+
+    def _check_task(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("%s failed; the server stops", task.get_name(), exc_info=task.exception())
+            self.failed.set()
+
+    async def _serve(self, protocol: str, handler) -> None:
+        await serve(self.node.p2p, protocol, handler)
+        self._handlers.append(protocol)
+
+    def _backend(self) -> SpanBackend:
+        return self.service.backend
+
+    async def _inference_stream(self, peer_id_str: str, reader, writer) -> None:
+        await handle_inference_stream(self.service.backend, self.pusher, peer_id_str, reader, writer)
+
+    async def _forward_stream(self, peer_id_str: str, reader, writer) -> None:
+        await handle_forward_stream(self.service.backend, peer_id_str, reader, writer)
+
+    async def _load_while_joining(self) -> BlockSpan:
+        """Load blocks [start, end) in the compute thread (the loop, and the DHT node, stay responsive)
+        while announcing them as joining, which costs no time."""
+        load = functools.partial(self.checkpoint.load_span, self.start, self.end, getattr(torch, self.config.dtype),
+                                 self.config.device)
+        span, _ = await asyncio.gather(self.compute.run(load), self.announce())
+        return span
 
     async def _measure_throughput(self, span: BlockSpan) -> float:
         """Measured once per model, device, dtype and torch version, then read from the cache; a quick
@@ -180,49 +213,70 @@ class Server:
 
         return await self.compute.run(cached_throughput, key, measure, not config.quick_throughput, rows=1)
 
-    def _start_serving(self, span: BlockSpan) -> None:
-        """Cache budget, sessions, scheduler and the backend that checks requests for them."""
-        config, dtype = self.config, getattr(torch, self.config.dtype)
-        bytes_per_token = span.cache_nbytes(span.num_blocks, 1, 1, dtype)
-        if config.cache_tokens is not None:
-            budget_bytes = config.cache_tokens * bytes_per_token
-        else:
-            budget_bytes = default_cache_bytes(config.device)
-        self.budget = CacheBudget(budget_bytes, bytes_per_token)
-        logger.info("Attention cache: %d tokens (%.1f MiB)", self.budget.tokens_left, budget_bytes / 2**20)
-        registry = SessionRegistry(self.budget, config.max_sessions_per_peer, config.session_timeout_s)
-        scheduler = Scheduler(span, self.compute, config.max_batch_tokens, config.device, dtype,
-                              config.max_batch_sessions, self.metrics)
-        self.backend = SpanBackend(span, self.model_uid, config, registry, scheduler,
-                                   accepting=lambda: self.state is ServerState.ONLINE, metrics=self.metrics)
-        budget = self.budget
-        self.metrics.watch(LiveState(
-            open_sessions=lambda: len(registry.sessions), queue_depth=lambda: scheduler.queue_depth,
-            cache_tokens_used=lambda: budget.used_bytes // budget.bytes_per_token,
-            cache_tokens_free=lambda: budget.tokens_left))
-        self._tasks.append(asyncio.create_task(scheduler.run(), name="bloompeer-scheduler"))
-        self._tasks.append(asyncio.create_task(registry.expire_idle(), name="bloompeer-session-reaper"))
+    def _serve_span(self, span: BlockSpan) -> SpanService:
+        """Cache budget, sessions, scheduler and the backend that checks requests for them. The
+        service accepts while this server is online and the service is the one it serves."""
+        if self.config.max_batch_sessions != 1:
+            span.use_batched_linears()
+        service = SpanService(span, self.model_uid, self.config, self.compute, self.metrics,
+                              accepting=lambda: self.state is ServerState.ONLINE and self.service is service)
+        return service
+
+    def _served_span(self) -> ServedSpan:
+        return ServedSpan(self.node.peer_id_str, self.start, self.end, self.throughput)
+
+    async def move(self, plan: Move) -> None:
+        """Serve plan's blocks instead of the present ones: announce the new span joining at once
+        (other servers looking for the same gap then see it taken) and the old one draining, give
+        the open sessions up to the drain timeout to move elsewhere, free the old span, announce it
+        offline, load the new one (only the shards that hold it) and announce it online."""
+        old = self.service
+        leaving = dataclasses.replace(self.record(), state=ServerState.DRAINING)
+        only_old = [index for index in range(old.start, old.end) if not plan.start <= index < plan.end]
+        logger.info("Moving from blocks %d:%d to %d:%d: %s", old.start, old.end, plan.start, plan.end, plan.reason)
+        self.state, self.start, self.end = ServerState.JOINING, plan.start, plan.end
+        self.on_move("moving", plan)
+        await asyncio.gather(self.announce(), self.announce(leaving, only_old))
+        left = await old.wait_for_sessions_to_leave(self.config.drain_timeout_s)
+        if left:
+            logger.info("Ending %d session(s) still open on blocks %d:%d; their clients replay them elsewhere",
+                        left, old.start, old.end)
+        await old.retire()
+        await self.announce(dataclasses.replace(leaving, state=ServerState.OFFLINE), only_old)
+        span = await self._load_while_joining()
+        self.service = self._serve_span(span)
+        self.state = ServerState.ONLINE
+        await self.announce()
+        self.metrics.moves.inc()
+        logger.info("Serving blocks %d:%d", self.start, self.end)
+        self.on_move("online", plan)
 
     def info(self) -> ServerInfo:
+        service = self.service
         return ServerInfo(self.model_uid, self.start, self.end, self.state.value, __version__, self.config.dtype,
-                          self.budget.tokens_left if self.budget else 0,
-                          len(self.backend.registry.sessions) if self.backend else 0)
+                          service.budget.tokens_left if service else 0, len(service.registry.sessions) if service else 0)
 
     def record(self) -> ServerRecord:
         return ServerRecord(
             peer_id=self.node.peer_id_str, state=self.state, start=self.start, end=self.end,
-            throughput=self.throughput, cache_tokens_left=self.budget.tokens_left if self.budget else 0,
+            throughput=self.throughput, cache_tokens_left=self.service.budget.tokens_left if self.service else 0,
             dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint, relayed=self.relayed,
             limits=RequestLimits(self.config.max_batch, self.config.max_length, self.config.max_step_tokens),
             push_rtts_s=self.push_rtts.announced(), family=self.checkpoint.family.name,
         )
 
-    async def announce(self) -> bool:
+    async def announce(self, record: ServerRecord | None = None, blocks: list[int] | None = None) -> bool:
+        """Store `record` (default: the present one) under `blocks` (default: the record's own)."""
+        record = record or self.record()
+        blocks = list(range(record.start, record.end)) if blocks is None else blocks
+        if not blocks:
+            return True
         expiration = get_dht_time() + RECORD_LIFETIME_PERIODS * self.config.announce_period_s
-        ok = await self.node.directory.announce(self.model_uid, range(self.start, self.end), self.record(), expiration)
+        self.metrics.count_dht("announce", len(blocks))
+        ok = await self.node.directory.announce(self.model_uid, blocks, record, expiration)
         if not ok:
             logger.warning("Could not announce %s blocks %d:%d as %s on the DHT (will retry)",
-                           self.model_uid, self.start, self.end, self.state.value)
+                           self.model_uid, blocks[0], blocks[-1] + 1, record.state.value)
         return ok
 
     async def _announce_periodically(self) -> None:
@@ -235,6 +289,7 @@ class Server:
         while True:
             try:
                 servers = await self.node.directory.find_servers(self.model_uid, num_blocks)
+                self.metrics.count_dht("lookup", num_blocks)
                 if await self.push_rtts.refresh(servers, self.start, self.end) and self.state is ServerState.ONLINE:
                     await self.announce()
             except Exception:
@@ -248,10 +303,7 @@ class Server:
             return
         self.state = ServerState.DRAINING
         await self.node.unless_daemon_gone(self.announce())
-        deadline = time.monotonic() + timeout_s
-        while self.backend.registry.sessions and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        left = len(self.backend.registry.sessions)
+        left = await self.service.wait_for_sessions_to_leave(timeout_s)
         logger.info("Drained: %s", f"{left} session(s) still open after {timeout_s:.0f} s" if left else "no sessions left")
 
     async def _say_goodbye(self) -> None:
@@ -268,6 +320,8 @@ class Server:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.service is not None:
+            await self.service.stop_tasks()
         try:
             if was_announced:
                 await self.node.unless_daemon_gone(self._say_goodbye())
