@@ -41,10 +41,11 @@ def format_status(model_uid: str, num_blocks: int, servers: dict[int, list[Serve
         if index in missing:
             cells = f"MISSING ({cells})" if cells else "MISSING"
         lines.append(f"  block {index:>4}  {cells}")
-    by_peer = {r.peer_id: r for records in servers.values() for r in records}
+    # one row per server and span: a server moving to other blocks has records of both for a while
+    by_span = {(r.peer_id, r.start, r.end): r for records in servers.values() for r in records}
     lines.append("")
     lines.append(f"  {'server':<10} {'blocks':>9} {'state':<9} {'tokens/s/block':>14} {'cache room':>11} {'reach':<8}")
-    for peer_id, r in sorted(by_peer.items(), key=lambda item: (item[1].start, item[0])):
+    for (peer_id, _, _), r in sorted(by_span.items(), key=lambda item: (item[1].start, item[0])):
         reach = "relayed" if r.relayed else "direct"
         lines.append(f"  {_short(peer_id):<10} {f'{r.start}:{r.end}':>9} {r.state.value:<9} {r.throughput:>14.1f} "
                      f"{r.cache_tokens_left:>11} {reach:<8}")

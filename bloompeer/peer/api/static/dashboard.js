@@ -15,12 +15,14 @@ function shortId(peerId) {
   return "…" + peerId.slice(-8);
 }
 
+// One row per server and span: a server moving to other blocks (--num-blocks) has records for both,
+// the old span draining, then offline, the new one joining, then online.
 function serversOf(state) {
-  const byPeer = new Map();
+  const bySpan = new Map();
   for (const block of state.blocks) {
-    for (const record of block.servers) byPeer.set(record.peer_id, record);
+    for (const record of block.servers) bySpan.set(`${record.peer_id} ${record.start}:${record.end}`, record);
   }
-  return [...byPeer.values()].sort((a, b) => a.start - b.start || a.peer_id.localeCompare(b.peer_id));
+  return [...bySpan.values()].sort((a, b) => a.start - b.start || a.peer_id.localeCompare(b.peer_id));
 }
 
 function drawBlocks(state) {
@@ -64,7 +66,7 @@ function drawSummary(state) {
   document.getElementById("model").textContent = state.model;
   const summary = document.getElementById("summary");
   const uncovered = state.missing;  // blocks no online server covers
-  const servers = serversOf(state).length;
+  const servers = new Set(serversOf(state).map((record) => record.peer_id)).size;
   if (uncovered.length) {
     summary.textContent = `${state.num_blocks} blocks, ${servers} server(s); NOT COVERED: block(s) ${uncovered.join(", ")}`;
     summary.className = "missing";
