@@ -72,7 +72,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--blocks", type=block_range, metavar="A:B", help="serve blocks A..B-1, e.g. 0:8")
     which.add_argument("--num-blocks", type=positive_int, metavar="K",
-                       help="serve K consecutive blocks, chosen where the swarm has the least throughput")
+                       help="serve K consecutive blocks where the swarm is weakest, and move to others when the "
+                            "swarm needs them more (servers left or died): it looks every 10 s or so")
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ... (default: cpu)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="compute and cache dtype (default: float32)")

@@ -1,0 +1,441 @@
+"""A swarm under churn: servers killed and replaced while clients generate, every token checked.
+
+Starts a bootstrap peer and N servers of a model on 127.0.0.1 (half with --blocks over fixed spans,
+half with --num-blocks, which rebalance), then C client processes that generate greedily, one prompt
+after another, without pause. Then, every few seconds for a fixed number of rounds, SIGKILLs a random
+server (its records keep saying online until they expire) and starts a new --num-blocks server of
+as many blocks in its place. Reports:
+  - tokens checked against transformers' own model on the same weights (every one must be equal),
+    generations that failed, and route changes (re-routes after a server failed, per generation);
+  - the longest time any block had no live server serving it, judged from the processes themselves
+    (alive, and their printed "online"/"moving" lines), not from the DHT;
+  - moves of --num-blocks servers, and each server's DHT operations per minute (announces and lookups,
+    with the block keys they stored or read, and liveness probes) from its own Prometheus counters;
+  - memory per peer: the resident set of every process, its p2pd daemon counted apart;
+beside transformers' local generation of the same prompts, timed in the same run.
+
+    python benchmarks/swarm_scale.py                              # 16 servers of the demo model, 3 clients
+    python benchmarks/swarm_scale.py --servers 8 --rounds 3       # the variant CI runs (tests/swarm/)
+
+All peers are direct (127.0.0.1): none is behind a NAT or relayed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FIXED_SPAN_SPLITS = (2, 3, 1)  # --blocks servers: the model split in 2, then in 3, then whole, and again
+NUM_BLOCKS_CHOICES = (2, 3)  # --num-blocks K servers take K from these in turn (at most the model's blocks)
+
+
+@dataclass(frozen=True)
+class ChurnConfig:
+    servers: int = 16
+    clients: int = 3
+    rounds: int = 10  # kills (each followed at once by a new server)
+    kill_every_s: float = 6.0
+    settle_s: float = 20.0  # after the last kill, before the clients are stopped: they must still generate
+    new_tokens: int = 16
+    num_prompts: int = 6
+    seed: int = 0
+    server_args: tuple[str, ...] = ()
+
+
+@dataclass
+class Report:
+    servers: int = 0
+    clients: int = 0
+    kills: int = 0
+    generations: int = 0
+    failed: list[str] = field(default_factory=list)  # the errors of generations that failed
+    tokens_checked: int = 0
+    tokens_wrong: int = 0  # in generations whose tokens differ from transformers'
+    route_changes: int = 0
+    longest_uncovered_s: float = 0.0
+    longest_uncovered_block: int | None = None
+    moves: int = 0
+    dht_per_minute: dict[str, list[float]] = field(default_factory=dict)  # figure -> one value per server
+    rss_mib: dict[str, list[float]] = field(default_factory=dict)  # kind of peer -> one value per process
+    swarm_generation_s: list[float] = field(default_factory=list)
+    local_generation_s: list[float] = field(default_factory=list)
+
+
+def fixed_spans(num_blocks: int) -> list[tuple[int, int]]:
+    from bloompeer.peer.cli.local_swarm import split_blocks
+
+    return [span for parts in FIXED_SPAN_SPLITS for span in split_blocks(num_blocks, parts)]
+
+
+def serving_span(server) -> tuple[int, int] | None:
+    """The blocks a server process serves now, by its last "online"/"moving" line (None: none yet, or moving)."""
+    for line in reversed(list(server.stdout)):
+        if line.startswith("moving:"):
+            return None
+        if line.startswith("online:"):
+            start, end = line.split(" blocks ", 1)[1].split()[0].split(":")
+            return int(start), int(end)
+    return None
+
+
+class CoverageWatch(threading.Thread):
+    """Every 50 ms: which blocks a live server serves now; the longest a block went without one."""
+
+    def __init__(self, servers: list, killed: set[int], num_blocks: int):
+        super().__init__(daemon=True, name="coverage-watch")
+        self.servers, self.killed, self.num_blocks = servers, killed, num_blocks
+        self.uncovered_since: dict[int, float] = {}
+        self.longest: dict[int, float] = {}
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.05):
+            self.look()
+
+    def look(self) -> None:
+        now, covered = time.monotonic(), set()
+        for server in list(self.servers):
+            if server.pid not in self.killed and server.process.poll() is None and (span := serving_span(server)):
+                covered.update(range(*span))
+        for block in range(self.num_blocks):
+            if block in covered and block in self.uncovered_since:
+                gap = now - self.uncovered_since.pop(block)
+                self.longest[block] = max(self.longest.get(block, 0.0), gap)
+            elif block not in covered:
+                self.uncovered_since.setdefault(block, now)
+
+    def stop(self) -> tuple[float, int | None]:
+        """(the longest time without a server, its block), counting gaps still open now."""
+        self.stopped.set()
+        self.join()
+        now = time.monotonic()
+        for block, since in self.uncovered_since.items():
+            self.longest[block] = max(self.longest.get(block, 0.0), now - since)
+        if not self.longest:
+            return 0.0, None
+        block = max(self.longest, key=self.longest.get)
+        return self.longest[block], block
+
+
+def rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(proc.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def memory(peers: dict[str, list]) -> dict[str, list[float]]:
+    """Kind of peer -> RSS (MiB) of each live process of that kind; "<kind> p2pd" for their daemons."""
+    figures: dict[str, list[float]] = {}
+    for kind, processes in peers.items():
+        for peer in processes:
+            if peer.process.poll() is not None:
+                continue
+            figures.setdefault(f"{kind} (python)", []).append(rss_mib(peer.pid))
+            for child in children(peer.pid):
+                figures.setdefault(f"{kind} (p2pd)", []).append(rss_mib(child))
+    return figures
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+DHT_FIGURES = {  # figure -> (metric, labels)
+    "announces": ("bloompeer_server_dht_operations_total", (("kind", "announce"),)),
+    "keys stored": ("bloompeer_server_dht_keys_total", (("kind", "announce"),)),
+    "lookups": ("bloompeer_server_dht_operations_total", (("kind", "lookup"),)),
+    "keys read": ("bloompeer_server_dht_keys_total", (("kind", "lookup"),)),
+    "liveness probes (--num-blocks servers)": ("bloompeer_server_liveness_probes_total", (("answer", "answered"),)),
+    "probes unanswered (--num-blocks servers)": ("bloompeer_server_liveness_probes_total", (("answer", "silent"),)),
+}
+
+
+class Scrapes:
+    """Each server's latest counters (scraped while it lives: a killed one cannot be asked), and its age then."""
+
+    def __init__(self):
+        self.latest: dict[int, tuple[float, dict]] = {}  # pid -> (seconds since its start, samples)
+        self.started_at: dict[int, float] = {}
+        self.rebalancing: set[int] = set()  # pids of --num-blocks servers (only they look for gaps)
+
+    def take(self, servers: Sequence) -> None:
+        for server in servers:
+            urls = [line.split(": ", 1)[1] for line in list(server.stdout) if line.startswith("metrics: ")]
+            if server.process.poll() is None and urls:
+                try:
+                    self.latest[server.pid] = (time.monotonic() - self.started_at[server.pid], scrape(urls[0]))
+                except OSError:
+                    continue
+
+    def per_minute(self, min_age_s: float) -> dict[str, list[float]]:
+        """Figure -> its rate of each server that lived at least `min_age_s` (probes: --num-blocks servers)."""
+        figures: dict[str, list[float]] = {name: [] for name in DHT_FIGURES}
+        for pid, (age_s, samples) in self.latest.items():
+            if age_s >= min_age_s:
+                for name, key in DHT_FIGURES.items():
+                    if "probes" not in name or pid in self.rebalancing:
+                        figures[name].append(60 * samples.get(key, 0.0) / age_s)
+        return figures
+
+    def moves(self) -> int:
+        return int(sum(samples.get(("bloompeer_server_moves_total", ()), 0.0) for _, samples in self.latest.values()))
+
+
+def make_prompts(vocab_size: int, count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab_size) for _ in range(rng.randint(4, 12))] for _ in range(count)]
+
+
+def reference_tokens(reference, prompts: list[list[int]], new_tokens: int) -> tuple[list[list[int]], list[float]]:
+    """transformers' greedy continuations of the prompts, and the seconds each took (on one thread, as
+    servers decode: on a shared machine more threads mostly wait for each other)."""
+    import torch
+
+    tokens, seconds, threads = [], [], torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for prompt in prompts:
+            started = time.perf_counter()
+            with torch.inference_mode():
+                output = reference.generate(torch.tensor([prompt]), max_new_tokens=new_tokens,
+                                            min_new_tokens=new_tokens, do_sample=False)
+            seconds.append(time.perf_counter() - started)
+            tokens.append(output[0, len(prompt):].tolist())
+    finally:
+        torch.set_num_threads(threads)
+    return tokens, seconds
+
+
+def run_churn(swarm, model: Path, reference, config: ChurnConfig, work_dir: Path) -> Report:
+    """The benchmark on `swarm` (a started LocalSwarm whose bootstrap peer the peers join): returns its figures.
+    Every process it starts is stopped before it returns, also on failure."""
+    from bloompeer.peer.cli.local_swarm import PeerProcess, stop_in_parallel
+
+    rng = random.Random(config.seed)
+    num_blocks = reference.config.num_hidden_layers
+    prompts = make_prompts(reference.config.vocab_size, config.num_prompts, config.seed)
+    expected, local_s = reference_tokens(reference, prompts, config.new_tokens)
+    prompts_file = work_dir / "prompts.json"
+    prompts_file.write_text(json.dumps(prompts))
+    report = Report(servers=config.servers, clients=config.clients, local_generation_s=local_s)
+    server_args = ("--metrics-port", "0", *config.server_args)
+    spans, counts = fixed_spans(num_blocks), [min(k, num_blocks) for k in NUM_BLOCKS_CHOICES]
+    servers, clients, killed, scrapes = [], [], set(), Scrapes()
+
+    def start_server(index: int, count: int | None = None):
+        start = None
+        if count is None and index % 2 == 0:
+            start, end = spans[index // 2 % len(spans)]
+            server = swarm.add_server(start, end, extra_args=server_args, wait=False, model=model,
+                                      name=f"churn-server-{index}")
+        else:
+            count = count or counts[index // 2 % len(counts)]
+            server = swarm.add_server(None, None, extra_args=("--num-blocks", str(count), *server_args), wait=False,
+                                      model=model, name=f"churn-server-{index}")
+        scrapes.started_at[server.pid] = time.monotonic()
+        if start is None:
+            scrapes.rebalancing.add(server.pid)
+        servers.append(server)
+        return server
+
+    watch = CoverageWatch(servers, killed, num_blocks)
+    try:
+        for index in range(config.servers):
+            start_server(index)
+        deadline = time.monotonic() + 300
+        for server in list(servers):
+            server.wait_online(deadline)
+        for index in range(config.clients):
+            clients.append(PeerProcess(f"churn-client-{index}", [
+                "--client", "--model", str(model), "--prompts", str(prompts_file), "--offset", str(index),
+                "--new-tokens", str(config.new_tokens), "--initial-peers", *swarm.initial_peers],
+                work_dir, program=(sys.executable, str(Path(__file__).resolve()))))
+        for client in clients:
+            client.wait_for_line("ready", deadline)
+        watch.start()
+        for round_index in range(config.rounds):
+            time.sleep(config.kill_every_s)
+            scrapes.take(servers)
+            victim = rng.choice([s for s in servers if s.pid not in killed and serving_span(s)])
+            start, end = serving_span(victim)
+            victim.signal(signal.SIGKILL)
+            killed.add(victim.pid)
+            start_server(config.servers + round_index, count=end - start)
+            report.kills += 1
+        time.sleep(config.settle_s)
+        scrapes.take(servers)
+        report.rss_mib = memory({"server": [s for s in servers if s.pid not in killed], "client": clients,
+                                 "bootstrap": [swarm.bootstrap] if swarm.bootstrap else []})
+    finally:
+        report.longest_uncovered_s, report.longest_uncovered_block = watch.stop() if watch.is_alive() else (0.0, None)
+        for client in clients:
+            client.signal(signal.SIGTERM)  # each finishes the generation it is in, then exits
+        for client in clients:
+            try:
+                client.process.wait(180)
+            except Exception:
+                client.signal(signal.SIGKILL)
+        stop_in_parallel([*clients, *servers])
+    for client in clients:
+        for line in client.stdout:
+            if line.startswith("{"):
+                _count_generation(report, json.loads(line), expected)
+    report.moves = scrapes.moves()
+    report.dht_per_minute = scrapes.per_minute(min_age_s=30.0)
+    return report
+
+
+def _count_generation(report: Report, result: dict, expected: list[list[int]]) -> None:
+    report.generations += 1
+    report.route_changes += result["route_changes"]
+    if result["error"] is not None:
+        report.failed.append(result["error"])
+        return
+    report.swarm_generation_s.append(result["seconds"])
+    if result["tokens"] == expected[result["prompt"]]:
+        report.tokens_checked += len(result["tokens"])
+    else:
+        report.tokens_wrong += len(result["tokens"])
+
+
+def format_report(report: Report, config: ChurnConfig) -> str:
+    def spread(values: list[float], unit: str = "") -> str:
+        if not values:
+            return "n/a"
+        return f"median {statistics.median(values):.1f}{unit}, max {max(values):.1f}{unit} ({len(values)})"
+
+    block = "" if report.longest_uncovered_block is None else f" (block {report.longest_uncovered_block})"
+    rows = [
+        ("servers / clients / kills", f"{report.servers} / {report.clients} / {report.kills} (one every "
+                                      f"{config.kill_every_s:.0f} s, each replaced by a --num-blocks server)"),
+        ("tokens equal to transformers'", f"{report.tokens_checked} of {report.tokens_checked + report.tokens_wrong}"),
+        ("generations (failed)", f"{report.generations} ({len(report.failed)})"),
+        ("route changes (re-routes after a failure)", str(report.route_changes)),
+        ("longest time a block had no live server", f"{report.longest_uncovered_s:.1f} s{block}"),
+        ("moves of --num-blocks servers", str(report.moves)),
+        ("seconds per generation: swarm", spread(report.swarm_generation_s, " s")),
+        ("seconds per generation: transformers, local", spread(report.local_generation_s, " s")),
+        *((f"DHT per server per minute: {name}", spread(values)) for name, values in report.dht_per_minute.items()),
+        *((f"RSS MiB: {kind}", spread(values)) for kind, values in sorted(report.rss_mib.items())),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"| {'figure':<{width}} | value |", f"|{'-' * (width + 2)}|-------|"]
+    lines += [f"| {name:<{width}} | {value} |" for name, value in rows]
+    lines += [f"failed: {error}" for error in report.failed[:5]]
+    return "\n".join(lines)
+
+
+def client_main(args: argparse.Namespace) -> int:
+    """One client: generate the prompts in turn until SIGTERM, a JSON line per generation."""
+    import logging
+
+    import torch
+
+    from bloompeer import ClientConfig, DistributedBloomForCausalLM, NetworkConfig
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    routes = []
+
+    class CountRoutes(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Route for blocks"):
+                routes.append(record)
+
+    logging.basicConfig(format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("bloompeer").setLevel(logging.INFO)  # to the client's log file: routes, bans, waits
+    logging.getLogger("bloompeer.peer.client.swarm").addHandler(CountRoutes())
+    prompts = json.loads(Path(args.prompts).read_text())
+    config = ClientConfig(NetworkConfig(initial_peers=tuple(args.initial_peers), client_mode=True))
+    with DistributedBloomForCausalLM.from_pretrained(args.model, client_config=config) as model:
+        print("ready", flush=True)
+        index = args.offset
+        while not stop.is_set():
+            prompt, tokens, error = index % len(prompts), None, None
+            routes.clear()
+            started = time.perf_counter()
+            try:
+                with torch.inference_mode():
+                    output = model.generate(torch.tensor([prompts[prompt]]), max_new_tokens=args.new_tokens,
+                                            min_new_tokens=args.new_tokens, do_sample=False)
+                tokens = output[0, len(prompts[prompt]):].tolist()
+            except Exception as exc:  # reported, and the client goes on as a user would
+                error = f"{type(exc).__name__}: {exc}"
+            print(json.dumps({"prompt": prompt, "tokens": tokens, "error": error, "route_changes": max(0, len(routes) - 1),
+                              "seconds": time.perf_counter() - started}), flush=True)
+            index += 1
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="checkpoint directory (default: the bundled demo model)")
+    parser.add_argument("--servers", type=int, default=ChurnConfig.servers)
+    parser.add_argument("--clients", type=int, default=ChurnConfig.clients)
+    parser.add_argument("--rounds", type=int, default=ChurnConfig.rounds)
+    parser.add_argument("--kill-every", type=float, default=ChurnConfig.kill_every_s, metavar="SECONDS")
+    parser.add_argument("--settle", type=float, default=ChurnConfig.settle_s, metavar="SECONDS")
+    parser.add_argument("--new-tokens", type=int, default=ChurnConfig.new_tokens)
+    parser.add_argument("--seed", type=int, default=ChurnConfig.seed)
+    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)  # the client processes' mode
+    parser.add_argument("--prompts", help=argparse.SUPPRESS)
+    parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--initial-peers", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client:
+        return client_main(args)
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR
+    from bloompeer.peer.cli.local_swarm import LocalSwarm
+
+    model = Path(args.model or DEMO_MODEL_DIR)
+    config = ChurnConfig(servers=args.servers, clients=args.clients, rounds=args.rounds, kill_every_s=args.kill_every,
+                         settle_s=args.settle, new_tokens=args.new_tokens, seed=args.seed)
+    reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="swarm-scale-") as work_dir, \
+            LocalSwarm(model, [], log_dir=Path(work_dir) / "logs") as swarm:
+        report = run_churn(swarm, model, reference, config, Path(work_dir))
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, {time.monotonic() - started:.0f} s in all")
+    print(format_report(report, config))
+    return 0 if not report.failed and not report.tokens_wrong else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
