@@ -48,6 +48,7 @@ class ChurnConfig:
     rounds: int = 10  # kills (each followed at once by a new server)
     kill_every_s: float = 6.0
     settle_s: float = 20.0  # after the last kill, before the clients are stopped: they must still generate
+    range_kill: bool = True  # last, kill every server of the least-served block, and time its re-coverage
     new_tokens: int = 16
     num_prompts: int = 6
     seed: int = 0
@@ -66,6 +67,8 @@ class Report:
     route_changes: int = 0
     longest_uncovered_s: float = 0.0
     longest_uncovered_block: int | None = None
+    range_killed: tuple[int, int] | None = None  # (block, servers killed) of the last round
+    range_recovered_s: float | None = None  # until every block had a live server again (None: not within 120 s)
     moves: int = 0
     dht_per_minute: dict[str, list[float]] = field(default_factory=dict)  # figure -> one value per server
     rss_mib: dict[str, list[float]] = field(default_factory=dict)  # kind of peer -> one value per process
@@ -90,6 +93,34 @@ def serving_span(server) -> tuple[int, int] | None:
     return None
 
 
+def covered_blocks(servers: Sequence, killed: set[int]) -> set[int]:
+    """Blocks that a live server serves now."""
+    covered = set()
+    for server in list(servers):
+        if server.pid not in killed and server.process.poll() is None and (span := serving_span(server)):
+            covered.update(range(*span))
+    return covered
+
+
+def kill_a_range(servers: Sequence, killed: set[int], num_blocks: int,
+                 timeout_s: float = 120.0) -> tuple[int, int, float | None]:
+    """SIGKILL every server of the block with the fewest servers; (the block, how many were killed, seconds
+    until every block had a live server again, or None if not within `timeout_s`)."""
+    live = [server for server in servers if server.pid not in killed and serving_span(server)]
+    holders = {block: [server for server in live if block in range(*serving_span(server))]
+               for block in range(num_blocks)}
+    block = min(holders, key=lambda index: (len(holders[index]), index))
+    for server in holders[block]:
+        server.signal(signal.SIGKILL)
+        killed.add(server.pid)
+    killed_at = time.monotonic()
+    while len(covered_blocks(servers, killed)) < num_blocks:
+        if time.monotonic() - killed_at > timeout_s:
+            return block, len(holders[block]), None
+        time.sleep(0.05)
+    return block, len(holders[block]), time.monotonic() - killed_at
+
+
 class CoverageWatch(threading.Thread):
     """Every 50 ms: which blocks a live server serves now; the longest a block went without one."""
 
@@ -105,10 +136,7 @@ class CoverageWatch(threading.Thread):
             self.look()
 
     def look(self) -> None:
-        now, covered = time.monotonic(), set()
-        for server in list(self.servers):
-            if server.pid not in self.killed and server.process.poll() is None and (span := serving_span(server)):
-                covered.update(range(*span))
+        now, covered = time.monotonic(), covered_blocks(self.servers, self.killed)
         for block in range(self.num_blocks):
             if block in covered and block in self.uncovered_since:
                 gap = now - self.uncovered_since.pop(block)
@@ -295,6 +323,10 @@ def run_churn(swarm, model: Path, reference, config: ChurnConfig, work_dir: Path
             killed.add(victim.pid)
             start_server(config.servers + round_index, count=end - start)
             report.kills += 1
+        if config.range_kill:
+            time.sleep(config.kill_every_s)
+            block, count, report.range_recovered_s = kill_a_range(servers, killed, num_blocks)
+            report.range_killed = (block, count)
         time.sleep(config.settle_s)
         scrapes.take(servers)
         report.rss_mib = memory({"server": [s for s in servers if s.pid not in killed], "client": clients,
@@ -331,6 +363,13 @@ def _count_generation(report: Report, result: dict, expected: list[list[int]]) -
         report.tokens_wrong += len(result["tokens"])
 
 
+def _range_kill(report: Report) -> str:
+    block, count = report.range_killed
+    recovered = ("not served again within 120 s" if report.range_recovered_s is None
+                 else f"every block served again after {report.range_recovered_s:.1f} s")
+    return f"block {block}'s {count} server(s): {recovered}"
+
+
 def format_report(report: Report, config: ChurnConfig) -> str:
     def spread(values: list[float], unit: str = "") -> str:
         if not values:
@@ -345,6 +384,7 @@ def format_report(report: Report, config: ChurnConfig) -> str:
         ("generations (failed)", f"{report.generations} ({len(report.failed)})"),
         ("route changes (re-routes after a failure)", str(report.route_changes)),
         ("longest time a block had no live server", f"{report.longest_uncovered_s:.1f} s{block}"),
+        *([("every server of a block killed, at the end", _range_kill(report))] if report.range_killed else []),
         ("moves of --num-blocks servers", str(report.moves)),
         ("seconds per generation: swarm", spread(report.swarm_generation_s, " s")),
         ("seconds per generation: transformers, local", spread(report.local_generation_s, " s")),
@@ -394,8 +434,9 @@ def client_main(args: argparse.Namespace) -> int:
                 tokens = output[0, len(prompts[prompt]):].tolist()
             except Exception as exc:  # reported, and the client goes on as a user would
                 error = f"{type(exc).__name__}: {exc}"
-            print(json.dumps({"prompt": prompt, "tokens": tokens, "error": error, "route_changes": max(0, len(routes) - 1),
-                              "seconds": time.perf_counter() - started}), flush=True)
+            seconds = time.perf_counter() - started
+            print(json.dumps({"prompt": prompt, "tokens": tokens, "error": error, "seconds": seconds,
+                              "route_changes": max(0, len(routes) - 1)}), flush=True)
             index += 1
     return 0
 
@@ -410,6 +451,7 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=ChurnConfig.settle_s, metavar="SECONDS")
     parser.add_argument("--new-tokens", type=int, default=ChurnConfig.new_tokens)
     parser.add_argument("--seed", type=int, default=ChurnConfig.seed)
+    parser.add_argument("--logs", metavar="DIR", help="keep every peer's log here (default: deleted at the end)")
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)  # the client processes' mode
     parser.add_argument("--prompts", help=argparse.SUPPRESS)
     parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
@@ -429,9 +471,10 @@ def main() -> int:
                          settle_s=args.settle, new_tokens=args.new_tokens, seed=args.seed)
     reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="swarm-scale-") as work_dir, \
-            LocalSwarm(model, [], log_dir=Path(work_dir) / "logs") as swarm:
-        report = run_churn(swarm, model, reference, config, Path(work_dir))
+    with tempfile.TemporaryDirectory(prefix="swarm-scale-") as temporary:
+        work_dir = Path(args.logs or temporary)
+        with LocalSwarm(model, [], log_dir=work_dir) as swarm:
+            report = run_churn(swarm, model, reference, config, work_dir)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, {time.monotonic() - started:.0f} s in all")
     print(format_report(report, config))
     return 0 if not report.failed and not report.tokens_wrong else 1

@@ -124,7 +124,8 @@ def live_spans(servers: Mapping[int, Sequence[ServerRecord]], answers: Mapping[s
 
 
 def _confirms(answer: ServerInfo | None, record: ServerRecord, model_uid: str) -> bool:
-    return (answer is not None and answer.model == model_uid and (answer.start, answer.end) == (record.start, record.end)
+    return (answer is not None and answer.model == model_uid
+            and (answer.start, answer.end) == (record.start, record.end)
             and answer.state in {state.value for state in LIVE_STATES})
 
 

@@ -149,8 +149,9 @@ class Server:
         logger.info("Throughput: %.1f tokens/s per block", self.throughput)
         self.startup.lap("throughput")
         self.service = self._serve_span(span)
-        self.metrics.watch(LiveState(
-            open_sessions=lambda: len(self.service.registry.sessions), queue_depth=lambda: self.service.scheduler.queue_depth,
+        self.metrics.watch(LiveState(  # read at each scrape: the span served then
+            open_sessions=lambda: len(self.service.registry.sessions),
+            queue_depth=lambda: self.service.scheduler.queue_depth,
             cache_tokens_used=lambda: self.service.budget.used_bytes // self.service.budget.bytes_per_token,
             cache_tokens_free=lambda: self.service.budget.tokens_left))
         self.startup.lap("attention cache")
@@ -253,8 +254,9 @@ class Server:
 
     def info(self) -> ServerInfo:
         service = self.service
+        tokens_left, sessions = (service.budget.tokens_left, len(service.registry.sessions)) if service else (0, 0)
         return ServerInfo(self.model_uid, self.start, self.end, self.state.value, __version__, self.config.dtype,
-                          service.budget.tokens_left if service else 0, len(service.registry.sessions) if service else 0)
+                          tokens_left, sessions)
 
     def record(self) -> ServerRecord:
         return ServerRecord(
@@ -304,7 +306,8 @@ class Server:
         self.state = ServerState.DRAINING
         await self.node.unless_daemon_gone(self.announce())
         left = await self.service.wait_for_sessions_to_leave(timeout_s)
-        logger.info("Drained: %s", f"{left} session(s) still open after {timeout_s:.0f} s" if left else "no sessions left")
+        logger.info("Drained: %s", f"{left} session(s) still open after {timeout_s:.0f} s" if left
+                    else "no sessions left")
 
     async def _say_goodbye(self) -> None:
         await self.announce()
