@@ -172,7 +172,9 @@ def run_churn(swarm, model: Path, reference, config: ChurnConfig, work_dir: Path
             report.range_killed = (block, count)
         time.sleep(config.settle_s)
         scrapes.take(servers)
-        report.rss_mib = memory({"server": [s for s in servers if s.pid not in killed], "client": clients,
+        started = [server for server in servers if server.pid not in killed  # not still loading
+                   and any(line.startswith("online") for line in list(server.stdout))]
+        report.rss_mib = memory({"server": started, "client": clients,
                                  "bootstrap": [swarm.bootstrap] if swarm.bootstrap else []})
     finally:
         report.longest_uncovered_s, report.longest_uncovered_block = watch.stop() if watch.is_alive() else (0.0, None)
