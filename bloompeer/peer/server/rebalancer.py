@@ -19,7 +19,7 @@ import random
 import statistics
 from collections.abc import Awaitable, Callable
 
-from ...p2p import INFO_PROTOCOL, P2P, RemoteError, ServerInfo, ServerRecord, request_once
+from ...p2p import INFO_PROTOCOL, P2P, BlockDirectory, RemoteError, ServerInfo, ServerRecord, request_once
 from .block_choice import Move, ServedSpan, choose_blocks, live_spans, plan_move, strengths
 from .metrics import ServerMetrics
 
@@ -46,7 +46,7 @@ class Rebalancer:
     """Looks at the swarm of one model for one server: `directory` and `p2p` are the server's,
     `me()` where it is now, and `move(plan)` moves it (and announces the new span at once)."""
 
-    def __init__(self, p2p: P2P, directory, model_uid: str, num_blocks: int, own_peer_id: str,
+    def __init__(self, p2p: P2P, directory: BlockDirectory, model_uid: str, num_blocks: int, own_peer_id: str,
                  metrics: ServerMetrics, period_s: float, delay_s: float):
         self.p2p, self.directory, self.model_uid, self.num_blocks = p2p, directory, model_uid, num_blocks
         self.own_peer_id, self.metrics, self.period_s, self.delay_s = own_peer_id, metrics, period_s, delay_s

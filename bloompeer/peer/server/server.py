@@ -277,8 +277,9 @@ class Server:
         self.metrics.count_dht("announce", len(blocks))
         ok = await self.node.directory.announce(self.model_uid, blocks, record, expiration)
         if not ok:
-            logger.warning("Could not announce %s blocks %d:%d as %s on the DHT (will retry)",
-                           self.model_uid, blocks[0], blocks[-1] + 1, record.state.value)
+            again = " (will retry)" if (record.start, record.end) == (self.start, self.end) else ""
+            logger.warning("Could not announce %s blocks %d:%d as %s on the DHT%s",
+                           self.model_uid, blocks[0], blocks[-1] + 1, record.state.value, again)
         return ok
 
     async def _announce_periodically(self) -> None:
