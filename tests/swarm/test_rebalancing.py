@@ -32,9 +32,9 @@ def _lines(server, prefix: str) -> list[str]:
 class _Watch(threading.Thread):
     """Notes when each spare first prints a second "online" line (serving the blocks it moved to)."""
 
-    def __init__(self, spares, started: float):
+    def __init__(self, spares):
         super().__init__(daemon=True)
-        self.spares, self.started, self.online_at = spares, started, {}
+        self.spares, self.online_at = spares, {}
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -60,7 +60,7 @@ def test_a_killed_range_is_served_again_by_a_spare_and_the_client_loses_no_token
             server.signal(signal.SIGKILL)
         killed_at.append(time.monotonic())
 
-    watch = _Watch(spares, time.monotonic())
+    watch = _Watch(spares)
     watch.start()
     try:
         with _client(swarm, fresh_model, recovery_timeout_s=RECOVERY_TIMEOUT_S) as model, torch.inference_mode():
