@@ -1,29 +1,29 @@
 """POST /v1/completions and /v1/chat/completions: plain JSON, or server-sent events (stream=true).
 
-The response's status is decided before its body starts: generation runs until its first token
-(routing and the prompt's pass through the swarm) before the handler answers, so a swarm that
+The response's status is decided before its body starts: every choice runs until its first piece
+(routing, and the prompt's pass through the swarm) before the handler answers, so a swarm that
 cannot serve gives a 503 with the missing blocks named, even for a stream. A stream then sends
-one event per token as it arrives, and `data: [DONE]`. If the HTTP client goes away (its stream
-is cancelled, or a plain request's connection closes), the generation is cancelled, which closes
-its inference session and frees the servers' caches.
+each choice's pieces as they arrive (choices interleaved, each chunk naming its index), and
+`data: [DONE]`. If the HTTP client goes away (its stream is cancelled, or a plain request's
+connection closes), every generation is cancelled, which closes its inference session and frees
+the servers' caches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from fastapi import Request
 from sse_starlette import EventSourceResponse
 
+from .choices import Choice, RequestChoices, interleave
 from .errors import ApiError, api_error_from
-from .generation import Generation, GenerationRequest, TextPiece
-from .openai_schema import (
-    ChatCompletionRequest, CompletionRequest, chat_chunk, chat_response, completion_chunk, completion_response,
-    new_id, usage,
-)
-from .prompts import chat_prompt_ids, check_prompt, completion_prompt_ids
+from .logprobs import chat_logprobs, completion_logprobs
+from .openai_schema import ChatCompletionRequest, CompletionRequest, new_id, response_object
+from .pieces import TextPiece
+from .prompts import MAX_PROMPTS, chat_prompt_ids, check_prompt, completion_prompts
 
 __all__ = ["add_completion_routes"]
 
@@ -32,14 +32,17 @@ def add_completion_routes(app, state) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         _check_parameters(state, body)
-        prompt_ids = completion_prompt_ids(state.tokenizer, body.prompt, state.model.config.vocab_size)
-        return await _answer(state, request, body, prompt_ids, _CompletionFormat(new_id("cmpl"), state.model_id))
+        prompts = completion_prompts(state.tokenizer, body.prompt, state.model.config.vocab_size)
+        return await _answer(state, request, body, prompts, _CompletionFormat(new_id("cmpl"), state.model_id, body),
+                             echo=body.echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _check_parameters(state, body)
-        prompt_ids = chat_prompt_ids(state.tokenizer, body.messages)
-        return await _answer(state, request, body, prompt_ids, _ChatFormat(new_id("chatcmpl"), state.model_id))
+        prompt = chat_prompt_ids(state.tokenizer, body.messages)
+        check_prompt(prompt)
+        return await _answer(state, request, body, [prompt], _ChatFormat(new_id("chatcmpl"), state.model_id, body),
+                             echo=False)
 
 
 def _check_parameters(state, body) -> None:
@@ -47,68 +50,89 @@ def _check_parameters(state, body) -> None:
     unsupported = body.unsupported()
     if unsupported:
         raise ApiError.invalid(f"{unsupported} is not supported by bloompeer: leave it at its default", unsupported)
+    vocab_size = state.model.config.vocab_size
+    for token in body.logit_bias or {}:
+        if int(token) >= vocab_size:
+            raise ApiError.invalid(f"logit_bias: token ids must be in 0..{vocab_size - 1}, not {token}", "logit_bias")
 
 
 class _CompletionFormat:
-    def __init__(self, response_id: str, model: str):
-        self.response_id, self.model = response_id, model
+    object_name, chunk_object_name = "text_completion", "text_completion"
 
-    def chunks(self, piece: TextPiece, first: bool) -> list[dict]:
-        return [completion_chunk(self.response_id, self.model, piece.text, piece.finish_reason)]
+    def __init__(self, response_id: str, model: str, body):
+        self.response_id, self.model, self.with_logprobs = response_id, model, body.num_logprobs is not None
 
-    def response(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict:
-        return completion_response(self.response_id, self.model, text, finish_reason, prompt_tokens,
-                                   completion_tokens)
+    def _logprobs(self, entries) -> dict | None:
+        return completion_logprobs(entries) if self.with_logprobs else None
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
-        return {**completion_chunk(self.response_id, self.model, "", None), "choices": [],
-                "usage": usage(prompt_tokens, completion_tokens)}
+    def chunks(self, index: int, piece: TextPiece, first: bool) -> list[dict]:
+        return [self._chunk([{"index": index, "text": piece.text, "logprobs": self._logprobs(piece.logprobs),
+                              "finish_reason": piece.finish_reason}])]
+
+    def choice(self, index: int, pieces: list[TextPiece]) -> dict:
+        return {"index": index, "text": "".join(piece.text for piece in pieces),
+                "logprobs": self._logprobs([entry for piece in pieces for entry in piece.logprobs]),
+                "finish_reason": pieces[-1].finish_reason}
+
+    def response(self, choices: list[dict], usage_counts: tuple[int, int]) -> dict:
+        return response_object(self.response_id, self.object_name, self.model, choices, usage_counts)
+
+    def usage_chunk(self, usage_counts: tuple[int, int]) -> dict:
+        return self._chunk([], usage_counts)
+
+    def _chunk(self, choices: list[dict], usage_counts: tuple[int, int] | None = None) -> dict:
+        return response_object(self.response_id, self.chunk_object_name, self.model, choices, usage_counts)
 
 
 class _ChatFormat(_CompletionFormat):
-    def chunks(self, piece: TextPiece, first: bool) -> list[dict]:
-        chunks = [chat_chunk(self.response_id, self.model, {"role": "assistant", "content": ""}, None)] if first \
-            else []
-        if piece.text:
-            chunks.append(chat_chunk(self.response_id, self.model, {"content": piece.text}, None))
+    object_name, chunk_object_name = "chat.completion", "chat.completion.chunk"
+
+    def _logprobs(self, entries) -> dict | None:
+        return chat_logprobs(entries) if self.with_logprobs else None
+
+    def chunks(self, index: int, piece: TextPiece, first: bool) -> list[dict]:
+        def chunk(delta: dict, finish_reason: str | None = None, logprobs: dict | None = None) -> dict:
+            return self._chunk([{"index": index, "delta": delta, "logprobs": logprobs,
+                                 "finish_reason": finish_reason}])
+
+        chunks = [chunk({"role": "assistant", "content": ""})] if first else []
+        if piece.text or piece.logprobs:
+            chunks.append(chunk({"content": piece.text}, logprobs=self._logprobs(piece.logprobs)))
         if piece.finish_reason is not None:
-            chunks.append(chat_chunk(self.response_id, self.model, {}, piece.finish_reason))
+            chunks.append(chunk({}, piece.finish_reason))
         return chunks
 
-    def response(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict:
-        return chat_response(self.response_id, self.model, text, finish_reason, prompt_tokens, completion_tokens)
-
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
-        return {**chat_chunk(self.response_id, self.model, {}, None), "choices": [],
-                "usage": usage(prompt_tokens, completion_tokens)}
+    def choice(self, index: int, pieces: list[TextPiece]) -> dict:
+        choice = super().choice(index, pieces)
+        return {"index": index, "message": {"role": "assistant", "content": choice["text"]},
+                "logprobs": choice["logprobs"], "finish_reason": choice["finish_reason"]}
 
 
-async def _answer(state, request: Request, body, prompt_ids: list[int], output: _CompletionFormat):
-    check_prompt(prompt_ids)
-    generation = Generation(state.model, state.tokenizer, GenerationRequest(
-        tuple(prompt_ids), body.max_new_tokens, body.temperature, body.top_p, body.seed, body.stop_sequences),
-        state.pool)
+async def _answer(state, request: Request, body, prompts: list[list[int]], output: _CompletionFormat, echo: bool):
+    if len(prompts) * body.n > MAX_PROMPTS:
+        raise ApiError.invalid(f"n: at most {MAX_PROMPTS} choices per request (prompts x n), got "
+                               f"{len(prompts)} x {body.n}", "n")
+    choices = RequestChoices(state, prompts, body, echo)
     metrics, model = state.metrics, state.model_id
-    generation.on_token = metrics.timer(model, generation.started_at)
-    metrics.prompt_tokens.labels(model).inc(len(prompt_ids))
-    metrics.in_progress.labels(model).inc()
-    ended = _Ending(metrics, model, generation)
-    pieces = generation.__aiter__()
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, generation))
+    metrics.prompt_tokens.labels(model).inc(choices.prompt_tokens)
+    endings = [_Ending(metrics, model, choice) for choice in choices.choices]
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, choices))
+    iterators = [choice.pieces() for choice in choices.choices]
     try:
-        generation.start()
-        first = await anext(pieces)  # the first token, or the reason there is none
+        choices.start()
+        firsts = await _first_pieces(iterators)  # each choice's first piece, or the reason there is none
         if body.stream:
             watcher.cancel()  # from here the stream's own disconnect detection takes over
-            return EventSourceResponse(_events(first, pieces, output, body, len(prompt_ids), ended))
-        text = [first.text]
-        last = first
-        async for last in pieces:
-            text.append(last.text)
-        ended(last.finish_reason)
-        return output.response("".join(text), last.finish_reason, len(prompt_ids), last.completion_tokens)
+            return EventSourceResponse(_events(firsts, iterators, output, body, choices.prompt_tokens, endings))
+        pieces = await asyncio.gather(*(_rest(first, iterator) for first, iterator in zip(firsts, iterators)))
+        for ending, choice_pieces in zip(endings, pieces):
+            ending(choice_pieces[-1].finish_reason)
+        completion_tokens = sum(choice_pieces[-1].completion_tokens for choice_pieces in pieces)
+        return output.response([output.choice(index, choice_pieces) for index, choice_pieces in enumerate(pieces)],
+                               (choices.prompt_tokens, completion_tokens))
     except BaseException as exc:
-        ended("error")
+        for ending in endings:
+            ending("error")
         if isinstance(exc, Exception):
             raise api_error_from(exc) from exc
         raise
@@ -116,50 +140,74 @@ async def _answer(state, request: Request, body, prompt_ids: list[int], output: 
         watcher.cancel()
 
 
-class _Ending:
-    """Counts a generation's end once, by reason, and cancels it (a no-op if it finished)."""
+async def _first_pieces(iterators: list[AsyncIterator[TextPiece]]) -> list[TextPiece]:
+    tasks = [asyncio.ensure_future(anext(iterator)) for iterator in iterators]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
 
-    def __init__(self, metrics, model: str, generation: Generation):
-        self.metrics, self.model, self.generation, self.done = metrics, model, generation, False
+
+async def _rest(first: TextPiece, iterator: AsyncIterator[TextPiece]) -> list[TextPiece]:
+    pieces = [first]
+    async for piece in iterator:
+        pieces.append(piece)
+    return pieces
+
+
+class _Ending:
+    """Counts a choice's end once, by reason, and cancels it (a no-op if it finished)."""
+
+    def __init__(self, metrics, model: str, choice: Choice):
+        self.metrics, self.model, self.source, self.done = metrics, model, choice.source, False
+        self.source.on_token = metrics.timer(model, self.source.started_at)
+        metrics.in_progress.labels(model).inc()
 
     def __call__(self, reason: str) -> None:
         """reason: how it ended (finish_reason, or "error"); "disconnect" if the client left, whatever it was."""
         if self.done:
             return
         self.done = True
-        if self.generation.cancelled.is_set():
+        if self.source.cancelled.is_set():
             reason = "disconnect"
-        self.generation.cancel()
+        self.source.cancel()
         self.metrics.generations.labels(self.model, reason).inc()
         self.metrics.in_progress.labels(self.model).dec()
 
 
-async def _events(first: TextPiece, pieces: AsyncIterator[TextPiece], output: _CompletionFormat, body,
-                  prompt_tokens: int, ended: Callable[[str], None]) -> AsyncIterator[str]:
-    """The SSE data of a stream: chunks as tokens arrive, an error event if the swarm fails midway."""
-    piece, is_first = first, True
+async def _events(firsts: list[TextPiece], iterators: list[AsyncIterator[TextPiece]], output: _CompletionFormat,
+                  body, prompt_tokens: int, endings: list[_Ending]) -> AsyncIterator[str]:
+    """The SSE data of a stream: chunks as pieces arrive, an error event if the swarm fails midway."""
+    completion_tokens, started = 0, set()
     try:
-        while True:
-            for chunk in output.chunks(piece, is_first):
+        async for index, piece in interleave([_prepend(first, rest) for first, rest in zip(firsts, iterators)]):
+            for chunk in output.chunks(index, piece, index not in started):
                 yield json.dumps(chunk)
-            is_first = False
+            started.add(index)
             if piece.finish_reason is not None:
-                break
-            piece = await anext(pieces)
-        ended(piece.finish_reason)
+                endings[index](piece.finish_reason)
+                completion_tokens += piece.completion_tokens
         if body.include_usage_chunk:
-            yield json.dumps(output.usage_chunk(prompt_tokens, piece.completion_tokens))
+            yield json.dumps(output.usage_chunk((prompt_tokens, completion_tokens)))
     except Exception as exc:
-        ended("error")
+        for ending in endings:
+            ending("error")
         yield json.dumps(api_error_from(exc).body)
     finally:
-        ended("disconnect")  # only counts if nothing above did: the client left (the task was cancelled)
+        for ending in endings:  # only counts those nothing above did: the client left (the task was cancelled)
+            ending("disconnect")
     yield "[DONE]"
 
 
-async def _cancel_on_disconnect(request: Request, generation: Generation) -> None:
-    """Cancel the generation when the HTTP client goes away before its answer is sent."""
+async def _prepend(first: TextPiece, iterator: AsyncIterator[TextPiece]) -> AsyncIterator[TextPiece]:
+    yield first
+    async for piece in iterator:
+        yield piece
+
+
+async def _cancel_on_disconnect(request: Request, choices: RequestChoices) -> None:
+    """Cancel the choices when the HTTP client goes away before its answer is sent."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    generation.cancel()
-
+    choices.cancel()

@@ -1,18 +1,16 @@
-"""One API request's generation: transformers' generate on a worker thread, its tokens as events
-on the event loop.
+"""One choice's generation: transformers' generate on a worker thread, its tokens as pieces on
+the event loop.
 
 generate() blocks for the whole generation (each step is a round trip through the swarm), so it
-runs on a thread of the generation pool, never on the event loop; every request is its own
+runs on a thread of the generation pool, never on the event loop; every choice is its own
 generate() call, hence its own inference session on the servers, and the servers batch the
-steps of concurrent requests. Tokens come back through a streamer that hands them to an
-asyncio queue. A cancel event, set when the HTTP client goes away, is a stopping criterion:
-generate() returns after the step in flight and closes its session, which frees the servers'
-caches at once.
+steps of concurrent choices (of one request, with `n` or several prompts, or of many). Tokens
+come back through a streamer that hands them to an asyncio queue. A cancel event, set when the
+HTTP client goes away, is a stopping criterion: generate() returns after the step in flight and
+closes its session, which frees the servers' caches at once.
 
-Sampling draws from a torch.Generator of the request's own (seeded by `seed`), so a seeded
-request gives the same text however many others run at the same time: transformers' own
-warpers shape the distribution, and the last logits processor draws the token and leaves only
-it possible, so generate's greedy pick takes it.
+How a token is picked is sampling.py's; with logprobs, the first logits processor keeps each
+step's log-softmax of the model's own logits, before any other processor changes them.
 """
 
 from __future__ import annotations
@@ -26,15 +24,14 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import torch
-from transformers import (
-    LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TemperatureLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers import LogitsProcessor, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from .decoding import IncrementalText
+from .logprobs import top_alternatives
+from .pieces import PieceMaker, TextPiece, TokenScore
+from .sampling import Sampling
 
-__all__ = ["GenerationRequest", "Generation", "TextPiece"]
+__all__ = ["GenerationRequest", "Generation", "TextPiece", "eos_ids", "retrieve_exception"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,19 +40,14 @@ logger = logging.getLogger(__name__)
 class GenerationRequest:
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-    seed: int | None = None
+    sampling: Sampling = Sampling()
     stops: tuple[str, ...] = ()
+    num_logprobs: int | None = None  # None: no logprobs; k: each token's logprob and its k best alternatives
 
 
-@dataclass(frozen=True)
-class TextPiece:
-    """What a stream sends next: new text, and on the last piece why generation ended."""
-
-    text: str
-    finish_reason: str | None = None  # "stop" (end of text or a stop sequence) | "length" | None: not the last
-    completion_tokens: int = 0  # tokens generated so far
+def eos_ids(model) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
 
 class _Cancelled(StoppingCriteria):
@@ -77,23 +69,27 @@ class _StopSequences(StoppingCriteria):
         return torch.tensor([any(stop in text for stop in self.stops) for text in texts], dtype=torch.bool)
 
 
-class _SampleWithGenerator(LogitsProcessor):
-    """Draws the next token from softmax(scores) with the request's generator; only it stays possible."""
+class _RecordLogprobs(LogitsProcessor):
+    """First of the processors: keeps this step's log-softmax of the model's own logits, for the
+    streamer to look up the chosen token's logprob and the best alternatives."""
 
-    def __init__(self, generator: torch.Generator):
-        self.generator = generator
+    def __init__(self, num_top: int):
+        self.num_top, self.latest = num_top, None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        chosen = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=self.generator)  # [batch, 1]
-        return torch.full_like(scores, float("-inf")).scatter_(1, chosen, 0.0)
+        self.latest = torch.log_softmax(scores[0].float(), dim=-1)  # [vocab]
+        return scores
+
+    def score(self, token_id: int) -> TokenScore:
+        return (float(self.latest[token_id]), *top_alternatives(self.latest, self.num_top))
 
 
 class _QueueStreamer(BaseStreamer):
     """generate() calls put() on its thread: once with the prompt, then with each new token."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue,
-                 on_token: Callable[[float], None]):
-        self.loop, self.queue, self.on_token = loop, queue, on_token
+                 on_token: Callable[[float], None], logprobs: _RecordLogprobs | None):
+        self.loop, self.queue, self.on_token, self.logprobs = loop, queue, on_token, logprobs
         self._prompt_seen = False
 
     def put(self, value: torch.Tensor) -> None:
@@ -101,19 +97,21 @@ class _QueueStreamer(BaseStreamer):
             self._prompt_seen = True
             return
         self.on_token(time.perf_counter())
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, value.reshape(-1).tolist())
+        token_ids = value.reshape(-1).tolist()
+        scores = [self.logprobs.score(token_id) for token_id in token_ids] if self.logprobs else None
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (token_ids, scores))
 
     def end(self) -> None:
         pass  # the worker puts the end marker itself, after generate() has returned (its session closed)
 
 
-def _retrieve_exception(future: asyncio.Future) -> None:
+def retrieve_exception(future: asyncio.Future) -> None:
     if not future.cancelled() and future.exception() is not None:
         logger.debug("Generation failed: %r", future.exception())
 
 
 class Generation:
-    """One request's generate() on the pool, read as TextPieces with `async for piece in generation`.
+    """One choice's generate() on the pool, read as TextPieces with `async for piece in generation`.
 
     Call cancel() when nobody reads any more (the client left); it is safe to call at any time.
     `on_token(seconds)` is called on the worker thread with each token's arrival time.
@@ -132,28 +130,21 @@ class Generation:
         loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue()
         self._future = loop.run_in_executor(self.pool, self._run, loop)
-        self._future.add_done_callback(_retrieve_exception)  # a stream left early never awaits it
+        self._future.add_done_callback(retrieve_exception)  # a stream left early never awaits it
 
     def cancel(self) -> None:
         self.cancelled.set()
 
     async def __aiter__(self) -> AsyncIterator[TextPiece]:
-        text = IncrementalText(self.tokenizer, self.request.stops)
-        num_tokens, eos_ids = 0, self._eos_ids()
-        last_token = None
+        request = self.request
+        pieces = PieceMaker(self.tokenizer, request.stops, request.max_new_tokens, eos_ids(self.model),
+                            request.num_logprobs is not None)
         while (item := await self._queue.get()) is not None:
-            num_tokens += len(item)
-            last_token = item[-1]
-            piece = text.add(item)
-            if piece:
-                yield TextPiece(piece, None, num_tokens)
+            piece = pieces.add(*item)
+            if piece is not None:
+                yield piece
         await self._future  # raises what generate() raised
-        stopped = text.stopped or last_token in eos_ids or num_tokens < self.request.max_new_tokens
-        yield TextPiece(text.finish(), "stop" if stopped else "length", num_tokens)
-
-    def _eos_ids(self) -> set[int]:
-        eos = self.model.generation_config.eos_token_id
-        return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        yield pieces.finish()
 
     def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -168,27 +159,14 @@ class Generation:
         criteria = StoppingCriteriaList([_Cancelled(self.cancelled)])
         if request.stops:
             criteria.append(_StopSequences(self.tokenizer, input_ids.shape[1], request.stops))
+        recorder = None if request.num_logprobs is None else _RecordLogprobs(request.num_logprobs)
+        processors = request.sampling.processors(input_ids.shape[1])
+        if recorder is not None:
+            processors.insert(0, recorder)
         pad_token_id = self.tokenizer.pad_token_id
         with torch.inference_mode():
             self.model.generate(
                 input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=request.max_new_tokens,
-                min_new_tokens=0, do_sample=False, logits_processor=self._sampling(), stopping_criteria=criteria,
-                streamer=_QueueStreamer(loop, self._queue, self.on_token),
+                min_new_tokens=0, do_sample=False, logits_processor=processors, stopping_criteria=criteria,
+                streamer=_QueueStreamer(loop, self._queue, self.on_token, recorder),
                 pad_token_id=pad_token_id if pad_token_id is not None else self.tokenizer.eos_token_id)
-
-    def _sampling(self) -> LogitsProcessorList:
-        request = self.request
-        if request.temperature == 0:
-            return LogitsProcessorList()  # greedy
-        generator = torch.Generator()
-        if request.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(request.seed)
-        processors = LogitsProcessorList()
-        if request.temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(request.temperature))
-        if request.top_p < 1.0:
-            processors.append(TopPLogitsWarper(request.top_p))
-        processors.append(_SampleWithGenerator(generator))
-        return processors

@@ -28,8 +28,11 @@ class ApiMetrics:
         self.generated_tokens = Counter(
             "bloompeer_api_generated_tokens", "Tokens generated through the swarm", ["model"],
             registry=self.registry)
+        self.scoring_passes = Counter(
+            "bloompeer_api_scoring_passes", "Forward passes through the swarm that scored a batch of prompts (echo "
+                                            "with logprobs, or max_tokens 0 or 1)", ["model"], registry=self.registry)
         self.generations = Counter(
-            "bloompeer_api_generations", "Generations ended, by reason: stop, length, disconnect (the client "
+            "bloompeer_api_generations", "Choices ended, by reason: stop, length, disconnect (the client "
                                          "left mid-generation), error", ["model", "reason"], registry=self.registry)
         self.in_progress = Gauge(
             "bloompeer_api_generations_in_progress", "Generations running or waiting for a thread", ["model"],

@@ -1,7 +1,7 @@
 """The OpenAI wire format: request bodies as validated pydantic models, responses as plain dicts.
 
-Only what bloompeer can honour is accepted; a known OpenAI parameter it cannot honour (n > 1,
-logprobs, penalties, ...) is refused with a 400 naming it, rather than silently ignored. Unknown
+Only what bloompeer can honour is accepted; a known OpenAI parameter it cannot honour (tools,
+suffix, best_of) is refused with a 400 naming it, rather than silently ignored. Unknown
 extra fields are ignored, as OpenAI-compatible servers commonly do (clients send `user`, ...).
 """
 
@@ -11,14 +11,19 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .sampling import Sampling
 
 __all__ = [
-    "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "StreamOptions", "chat_chunk", "chat_response",
-    "completion_chunk", "completion_response", "error_body", "model_list", "new_id", "usage",
+    "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "StreamOptions", "error_body", "model_list",
+    "new_id", "response_object", "usage",
 ]
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
+MAX_CHOICES = 128  # n, as OpenAI
+MAX_COMPLETION_LOGPROBS = 5  # as OpenAI's completions
+MAX_CHAT_TOP_LOGPROBS = 20  # as OpenAI's chat
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 256  # OpenAI's chat default is "up to the context"; a bounded one suits a swarm
 
@@ -40,11 +45,10 @@ class _SamplingRequest(BaseModel):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
-    logprobs: Any = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)  # choices per prompt, each its own session
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id (as text) -> -100..100, added to its logit
 
     @field_validator("stop")
     @classmethod
@@ -56,17 +60,26 @@ class _SamplingRequest(BaseModel):
             raise ValueError("a stop sequence cannot be empty")
         return stops
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value):
+        for token, bias in (value or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"keys are token ids, as text: {token!r} is not one")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"a bias is between -100 and 100, not {bias} (token {token})")
+        return value
+
     def unsupported(self) -> str | None:
         """The first parameter set to something bloompeer does not do, or None."""
-        if self.n != 1:
-            return "n"
-        if self.logprobs not in (None, False):
-            return "logprobs"
-        if self.presence_penalty or self.frequency_penalty:
-            return "presence_penalty" if self.presence_penalty else "frequency_penalty"
-        if self.logit_bias:
-            return "logit_bias"
         return None
+
+    def sampling(self, choice: int) -> Sampling:
+        """How choice number `choice` of a prompt picks tokens: with a seed, each choice of a
+        prompt draws its own numbers (seed + choice), the first exactly as a request with n=1."""
+        return Sampling(self.temperature, self.top_p, None if self.seed is None else self.seed + choice,
+                        self.presence_penalty, self.frequency_penalty,
+                        {int(token): bias for token, bias in (self.logit_bias or {}).items()})
 
     @property
     def stop_sequences(self) -> tuple[str, ...]:
@@ -78,15 +91,15 @@ class _SamplingRequest(BaseModel):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[str] | list[int]
-    echo: bool = False
+    prompt: str | list[str] | list[int] | list[list[int]]  # one text or token-id list, or several (a choice each)
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: nothing generated (with echo: the prompt scored)
+    echo: bool = False  # the prompt's text (and with logprobs, its tokens' logprobs) before the completion
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)  # alternatives per token
     best_of: int | None = None
     suffix: str | None = None
 
     def unsupported(self) -> str | None:
-        if self.echo:
-            return "echo"
-        if self.best_of not in (None, 1):
+        if self.best_of is not None and self.best_of != self.n:
             return "best_of"
         if self.suffix:
             return "suffix"
@@ -94,7 +107,11 @@ class CompletionRequest(_SamplingRequest):
 
     @property
     def max_new_tokens(self) -> int:
-        return self.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+        return DEFAULT_COMPLETION_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 class ChatMessage(BaseModel):
@@ -114,7 +131,15 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
+    logprobs: bool = False  # each generated token's logprob
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)  # and its best alternatives
     tools: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: set logprobs to true to get top_logprobs")
+        return self
 
     def unsupported(self) -> str | None:
         return "tools" if self.tools else super().unsupported()
@@ -122,6 +147,10 @@ class ChatCompletionRequest(_SamplingRequest):
     @property
     def max_new_tokens(self) -> int:
         return self.max_completion_tokens or self.max_tokens or DEFAULT_CHAT_MAX_TOKENS
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 def new_id(prefix: str) -> str:
@@ -147,26 +176,12 @@ def model_list(models: list[tuple[str, list[int]]], created: int) -> dict[str, A
         for model_id, missing in models]}
 
 
-def completion_response(response_id: str, model: str, text: str, finish_reason: str,
-                        prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {"id": response_id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-            "usage": usage(prompt_tokens, completion_tokens)}
-
-
-def completion_chunk(response_id: str, model: str, text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"id": response_id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
-
-
-def chat_response(response_id: str, model: str, text: str, finish_reason: str,
-                  prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {"id": response_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": finish_reason}],
-            "usage": usage(prompt_tokens, completion_tokens)}
-
-
-def chat_chunk(response_id: str, model: str, delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:
-    return {"id": response_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+def response_object(response_id: str, object_name: str, model: str, choices: list[dict[str, Any]],
+                    usage_counts: tuple[int, int] | None = None) -> dict[str, Any]:
+    """A response or stream chunk: object_name is "text_completion", "chat.completion" or
+    "chat.completion.chunk"; usage_counts: (prompt tokens, completion tokens) to include."""
+    body = {"id": response_id, "object": object_name, "created": int(time.time()), "model": model,
+            "choices": choices}
+    if usage_counts is not None:
+        body["usage"] = usage(*usage_counts)
+    return body

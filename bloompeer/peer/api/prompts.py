@@ -12,8 +12,9 @@ from __future__ import annotations
 from .errors import ApiError
 from .openai_schema import ChatMessage
 
-__all__ = ["chat_prompt_ids", "check_prompt", "completion_prompt_ids",
-           "render_plain_chat"]
+__all__ = ["MAX_PROMPTS", "chat_prompt_ids", "check_prompt", "completion_prompts", "render_plain_chat"]
+
+MAX_PROMPTS = 1024  # prompts in one completions request (each a choice, or n of them)
 
 _ROLE_NAMES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
 
@@ -36,17 +37,31 @@ def chat_prompt_ids(tokenizer, messages: list[ChatMessage]) -> list[int]:
     return tokenizer(render_plain_chat(pairs)).input_ids
 
 
-def completion_prompt_ids(tokenizer, prompt: str | list[str] | list[int], vocab_size: int) -> list[int]:
-    """A prompt is text, a list holding one text, or token ids (one prompt per request)."""
-    if isinstance(prompt, list) and prompt and all(isinstance(item, int) for item in prompt):
-        if not all(0 <= item < vocab_size for item in prompt):
-            raise ApiError.invalid(f"prompt: token ids must be in 0..{vocab_size - 1}", "prompt")
-        return list(prompt)
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise ApiError.invalid(f"prompt: one prompt per request, got {len(prompt)}", "prompt")
-        prompt = prompt[0]
-    return tokenizer(prompt).input_ids
+def completion_prompts(tokenizer, prompt: str | list[str] | list[int] | list[list[int]],
+                       vocab_size: int) -> list[list[int]]:
+    """The token ids of each prompt: one text, several texts, one token-id list, or several."""
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif not prompt:
+        raise ApiError.invalid("prompt: the list of prompts is empty", "prompt")
+    elif isinstance(prompt[0], int):
+        prompts = [prompt]
+    else:
+        prompts = prompt
+    if len(prompts) > MAX_PROMPTS:
+        raise ApiError.invalid(f"prompt: at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", "prompt")
+    return [_prompt_ids(tokenizer, item, vocab_size) for item in prompts]
+
+
+def _prompt_ids(tokenizer, prompt: str | list[int], vocab_size: int) -> list[int]:
+    if isinstance(prompt, str):
+        ids = tokenizer(prompt).input_ids
+    elif not all(0 <= item < vocab_size for item in prompt):
+        raise ApiError.invalid(f"prompt: token ids must be in 0..{vocab_size - 1}", "prompt")
+    else:
+        ids = list(prompt)
+    check_prompt(ids)
+    return ids
 
 
 def check_prompt(prompt_ids: list[int]) -> None:
