@@ -21,24 +21,31 @@ START_TIMEOUT_S = 120.0
 class ApiProcess:
     """`bloompeer api --port 0 ...`; ready once it printed "api: http://HOST:PORT/v1"."""
 
-    def __init__(self, model: Path, log_dir: Path, *args: str, name: str = "api", env: dict | None = None):
+    def __init__(self, model: Path, log_dir: Path, *args: str, name: str = "api", env: dict | None = None,
+                 wait: bool = True):
         self.process = PeerProcess(name, ["api", "--model", str(model), "--port", "0", *args], log_dir, env)
+        if wait:
+            self.wait()
+
+    def wait(self) -> ApiProcess:
+        """Until it answers (its "api: URL" line)."""
         try:
             self.url = self.process.wait_for_line("api: ", time.monotonic() + START_TIMEOUT_S).split(" ", 1)[1]
         except BaseException:
             self.process.stop()
             raise
         self.base_url = self.url.removesuffix("/v1")
+        return self
 
-    def client(self, **kwargs) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url, api_key="not-needed", max_retries=0, timeout=120.0, **kwargs)
+    def client(self, api_key: str = "not-needed", **kwargs) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url, api_key=api_key, max_retries=0, timeout=120.0, **kwargs)
 
     def async_client(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.url, api_key="not-needed", max_retries=0, timeout=120.0)
 
-    def get(self, path: str) -> tuple[int, str, str]:
+    def get(self, path: str, headers: dict | None = None) -> tuple[int, str, str]:
         """(status, content type, body) of GET base_url + path, with the standard library's client."""
-        return _http(urllib.request.Request(self.base_url + path))
+        return _http(urllib.request.Request(self.base_url + path, headers=headers or {}))
 
     def post_json(self, path: str, body: dict) -> tuple[int, str, str]:
         return _http(urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(), method="POST",

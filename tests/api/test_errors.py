@@ -23,13 +23,15 @@ def test_an_unknown_model_is_404(client):
 @pytest.mark.parametrize("parameters, param", [
     ({"temperature": 5.0}, "temperature"),
     ({"top_p": 0.0}, "top_p"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"n": 2}, "n"),
+    ({"max_tokens": -1}, "max_tokens"),
+    ({"n": 129}, "n"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"prompt": ""}, "prompt"),
-    ({"prompt": ["one", "two"]}, "prompt"),
+    ({"prompt": ["one", 2]}, "prompt"),
+    ({"suffix": "after"}, "suffix"),
     ({"prompt": [1, 99999999]}, "prompt"),
-    ({"presence_penalty": 1.0}, "presence_penalty"),
+    ({"presence_penalty": -2.1}, "presence_penalty"),
+    ({"frequency_penalty": 2.1}, "frequency_penalty"),
 ])
 def test_invalid_parameters_are_400_naming_them(client, model_id, parameters, param):
     with pytest.raises(openai.BadRequestError) as raised:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Response
 
+from .auth import ApiAccess, RequireApiKey
 from .completions import add_completion_routes
 from .dashboard import add_dashboard_routes
 from .errors import ApiError, install_error_handlers
@@ -35,6 +36,7 @@ class ApiState:
     model_id: str  # as /v1/models lists it: the checkpoint's name, under which the swarm serves it
     aliases: frozenset[str] = frozenset()  # other names a request may use, e.g. the --model path as given
     max_concurrent_generations: int = DEFAULT_MAX_CONCURRENT_GENERATIONS
+    access: ApiAccess = ApiAccess()  # who may use it: API keys, and whether the dashboard is public
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -90,7 +92,8 @@ def create_app(state: ApiState) -> FastAPI:
                   docs_url="/docs", redoc_url=None)
     app.state.api = state
     install_error_handlers(app)
-    app.add_middleware(_CountRequests, metrics=state.metrics)
+    app.add_middleware(RequireApiKey, access=state.access)
+    app.add_middleware(_CountRequests, metrics=state.metrics)  # outermost: refused requests are counted too
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -98,6 +98,19 @@ class CompletionRequest(_SamplingRequest):
     best_of: int | None = None
     suffix: str | None = None
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value):
+        def token_ids(item) -> bool:
+            return isinstance(item, list) and all(isinstance(token, int) and not isinstance(token, bool)
+                                                  for token in item)
+
+        if isinstance(value, str) or (isinstance(value, list) and (
+                all(isinstance(item, str) for item in value) or token_ids(value)
+                or all(token_ids(item) for item in value))):
+            return value
+        raise ValueError("a prompt is a string, a list of strings, a list of token ids or a list of such lists")
+
     def unsupported(self) -> str | None:
         if self.best_of is not None and self.best_of != self.n:
             return "best_of"

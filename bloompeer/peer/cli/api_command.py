@@ -16,7 +16,7 @@ import signal
 import socket
 
 from .arguments import port, positive_int
-from .flags import add_client_flags, add_model_flag, client_config, initial_peers
+from .flags import add_api_access_flags, add_client_flags, add_model_flag, api_access, client_config, initial_peers
 from .import_gc import imports_without_gc
 from .local_swarm import start_local_swarm
 
@@ -40,6 +40,7 @@ def add_parser(commands) -> None:
     api.add_argument("--max-concurrent", type=positive_int, default=16, metavar="N",
                      help="generations running at once, each its own session on the servers (16, the servers' "
                           "default --max-sessions-per-peer); more requests wait their turn")
+    add_api_access_flags(api)
     add_client_flags(api)  # --timeout: how long a request waits for missing blocks before it is answered 503
 
 
@@ -51,17 +52,27 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C, so the ExitStack stops the model and the local swarm. While
     # serving, uvicorn handles it (a graceful shutdown), then raises it again, into this handler.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    access = api_access(args)
+    _warn_if_open(args.host, access)
     try:
         with contextlib.ExitStack() as stack:
             peers = initial_peers(args) or tuple(start_local_swarm(args.model, stack).initial_peers)
-            app = _build_app(args, peers, stack)
+            app = _build_app(args, peers, access, stack)
             _serve(app, args.host, args.port)
         return 0
     except KeyboardInterrupt:
         return 130
 
 
-def _build_app(args: argparse.Namespace, peers: tuple[str, ...], stack: contextlib.ExitStack):
+def _warn_if_open(host: str, access) -> None:
+    from ..api.auth import is_loopback
+
+    if not access.keys and not is_loopback(host):
+        logger.warning("the API listens on %s with no API key: anyone who can reach this port can use the swarm "
+                       "through it (and see the dashboard). Set one with --api-key KEY or $BLOOMPEER_API_KEY.", host)
+
+
+def _build_app(args: argparse.Namespace, peers: tuple[str, ...], access, stack: contextlib.ExitStack):
     with imports_without_gc():
         from transformers import AutoTokenizer
 
@@ -73,7 +84,7 @@ def _build_app(args: argparse.Namespace, peers: tuple[str, ...], stack: contextl
         args.model, client_config=client_config(args, peers)))
     model.client.runtime.run(model.client.swarm.refresh())
     state = ApiState(model, tokenizer, model.client.swarm.model_uid, aliases=frozenset({args.model}),
-                     max_concurrent_generations=args.max_concurrent)
+                     max_concurrent_generations=args.max_concurrent, access=access)
     stack.callback(state.shutdown)
     return create_app(state)
 

@@ -175,6 +175,32 @@ def client_config(args: argparse.Namespace, peers: tuple[str, ...] | None = None
                         verify_fraction=args.verify_fraction, trusted_servers=tuple(args.trusted_servers))
 
 
+def add_api_access_flags(parser: argparse.ArgumentParser) -> None:
+    """Who may use `bloompeer api`."""
+    access = parser.add_argument_group("access")
+    access.add_argument("--api-key", action="append", default=None, metavar="KEY", type=_api_key,
+                        help="require this key on every /v1 request, as 'Authorization: Bearer KEY' (the openai "
+                             "client's api_key); repeat for several keys. Default: $BLOOMPEER_API_KEY if set, else "
+                             "no key (then anyone who reaches the port may use the API)")
+    access.add_argument("--public-dashboard", action="store_true",
+                        help="serve the dashboard (/ and /api/swarm) and /metrics without a key (by default they "
+                             "need one too; a browser asks for it as the password, any user name)")
+
+
+def _api_key(text: str) -> str:
+    if not text.strip() or text != text.strip():
+        raise argparse.ArgumentTypeError("an API key cannot be empty or start or end with spaces")
+    return text
+
+
+def api_access(args: argparse.Namespace):
+    """--api-key (or $BLOOMPEER_API_KEY) and --public-dashboard as the API's access rule."""
+    from ..api.auth import ApiAccess
+
+    keys = args.api_key or ([os.environ["BLOOMPEER_API_KEY"]] if os.environ.get("BLOOMPEER_API_KEY") else [])
+    return ApiAccess(keys=frozenset(keys), public_dashboard=args.public_dashboard)
+
+
 def check_blocks_within_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--blocks A:B and --num-blocks K against a local checkpoint's number of blocks (a hub model is
     checked once its config is read)."""
