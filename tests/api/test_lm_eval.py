@@ -120,7 +120,8 @@ def test_local_completions_through_the_swarm_equals_lm_evals_hf_model(lm_eval, t
         for [(got, got_greedy)], [(want, want_greedy)] in zip(got_doc, want_doc):
             assert got == pytest.approx(want, abs=TOLERANCE)
             assert got_greedy == want_greedy
-    assert any(greedy for doc in scored for [(_, greedy)] in doc)    generated = _per_sample(swarm, "bloompeer_gen")
+    assert any(greedy for doc in scored for [(_, greedy)] in doc)
+    generated = _per_sample(swarm, "bloompeer_gen")
     assert generated == _per_sample(local, "bloompeer_gen")
     assert any(text for [[text]] in generated)
     for task in TASKS:
