@@ -3,6 +3,8 @@
     400 invalid_request_error   a parameter is invalid or unsupported; over_swarm_limits: the request
                                 is over every server's announced limits (the client's routing finds
                                 that from the servers' DHT records, before anything is sent)
+    401 invalid_request_error   invalid_api_key: a key is required and none, or a wrong one, was sent
+                                (answered by auth.py, before any handler)
     404 invalid_request_error   model_not_found: the request names a model this API does not serve
     503 service_unavailable     missing_blocks: no server covers some blocks now (they are named);
                                 servers_busy: every server that could take the request is full
