@@ -57,7 +57,8 @@ def _streamed_texts(chunks, count: int) -> list[str]:
 @pytest.mark.parametrize("stream", [False, True])
 def test_several_prompts_each_equal_transformers(client, model_id, reference, tokenizer, stream):
     expected = [reference(prompt, 10) for prompt in PROMPTS]
-    response = client.completions.create(model=model_id, prompt=PROMPTS, max_tokens=10, temperature=0, stream=stream,
+    prompts = [tokenizer(prompt).input_ids for prompt in PROMPTS] if stream else PROMPTS  # token ids, or texts
+    response = client.completions.create(model=model_id, prompt=prompts, max_tokens=10, temperature=0, stream=stream,
                                          stream_options={"include_usage": True} if stream else None)
     if stream:
         chunks = list(response)

@@ -107,6 +107,14 @@ def test_lm_eval_scoring_request_picks_its_token_from_the_same_pass(client, api,
         assert choice.text == tokenizer.decode(prompt_ids + [greedy], skip_special_tokens=True)
     assert response.usage.completion_tokens == len(PROMPTS)
 
+    streamed = list(client.completions.create(model=model_id, prompt=ids, echo=True, logprobs=1, max_tokens=1,
+                                              temperature=0, stream=True))
+    for index, choice in enumerate(response.choices):
+        pieces = [chunk.choices[0] for chunk in streamed if chunk.choices and chunk.choices[0].index == index]
+        assert "".join(piece.text for piece in pieces) == choice.text
+        assert [value for piece in pieces if piece.logprobs for value in piece.logprobs.token_logprobs] == \
+            choice.logprobs.token_logprobs
+
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_generated_logprobs_equal_transformers(client, model_id, tokenizer, hf_greedy, hf_logprobs, stream):

@@ -90,6 +90,7 @@ class RequestChoices:
         self.scoring_pass_needed = self.prompt_scores_needed or max_new_tokens == 1
         self.num_logprobs = num_logprobs
         self._scores: asyncio.Future | None = None
+        self._echoes: dict[int, asyncio.Future] = {}  # prompt index -> its echoed piece
         self.choices: list[Choice] = []
         for prompt_index, prompt in enumerate(self.prompts):
             for choice in range(body.n):
@@ -112,14 +113,22 @@ class RequestChoices:
         return await self._scores
 
     def _echo(self, prompt_index: int) -> Callable[[], Awaitable[TextPiece]]:
+        """The echoed prompt, made once for the n choices of a prompt, off the event loop (naming a long
+        prompt's tokens and their alternatives decodes thousands of short token lists)."""
         async def piece() -> TextPiece:
-            prompt = self.prompts[prompt_index]
-            if not self.prompt_scores_needed:
-                return echo_piece(self.state.tokenizer, prompt)
-            scores: PromptScores = (await self._scores)[prompt_index]
-            return echo_piece(self.state.tokenizer, prompt, scores.token_logprobs, scores.top)
+            if prompt_index not in self._echoes:
+                self._echoes[prompt_index] = asyncio.ensure_future(self._echo_piece(prompt_index))
+                self._echoes[prompt_index].add_done_callback(retrieve_exception)
+            return await asyncio.shield(self._echoes[prompt_index])
 
         return piece
+
+    async def _echo_piece(self, prompt_index: int) -> TextPiece:
+        prompt, tokenizer = self.prompts[prompt_index], self.state.tokenizer
+        if not self.prompt_scores_needed:
+            return echo_piece(tokenizer, prompt)
+        scores: PromptScores = (await self._scores)[prompt_index]
+        return await asyncio.to_thread(echo_piece, tokenizer, prompt, scores.token_logprobs, scores.top)
 
     def start(self) -> None:
         """Start the scoring pass (if any) and every generation."""
