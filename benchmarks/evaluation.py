@@ -5,11 +5,12 @@ For each model: starts a bootstrap peer and N servers on 127.0.0.1 splitting the
 `bloompeer api` over them; then times lm-eval (in this process, `simple_evaluate`) on two tasks
 built from the demo model's held-out text (a local jsonl and a task yaml in a temp dir, nothing
 downloaded):
-  - mc: multiple choice, each line's true ending among the endings of three other lines;
-  - gen: generate_until, each line's first words, greedy, up to --max-gen-toks tokens;
-once with its `local-completions` model pointed at the API (token-id prompts, --batch-size per
-request, --concurrent requests in flight) and once with its `hf` model (same --batch-size, one
-process, all cores). The models: the demo model (bloompeer/demo_model), and the bloom-560m
+  - mc: multiple choice, a line's true ending (cut at a space) among three other lines' endings;
+  - gen: generate_until, the same beginnings, greedy, a few tokens;
+once with its `local-completions` model pointed at the API (token-id prompts, a batch of prompts
+per request, several requests in flight) and once with its `hf` model (the same batch size, one
+process, all cores); each model object is made before the clock starts. Workloads per model are
+in MODELS. The models: the demo model (bloompeer/demo_model), and the bloom-560m
 architecture with random weights (written to a temp dir; only time and agreement matter).
 
     python benchmarks/evaluation.py                          # demo and bloom-560m
@@ -27,9 +28,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-MODELS = {  # name -> write_random_checkpoint arguments (None: the demo model)
-    "demo": None,
-    "bloom-560m": dict(num_blocks=24, hidden_size=1024, num_heads=16, vocab_size=250880, max_shard_size="1GB"),
+BLOOM_560M = dict(num_blocks=24, hidden_size=1024, num_heads=16, vocab_size=250880, max_shard_size="1GB")
+MODELS = {  # name -> (write_random_checkpoint arguments or None for the demo model, workload)
+    "demo": (None, dict(cuts=(1 / 3, 1 / 2, 2 / 3), batch_size=8, concurrent=4, max_gen_toks=16)),
+    # a CPU needs seconds per 560m forward of a batch: a lighter load, so that no request nears the
+    # client's 30 s request timeout on a 2-core machine
+    "bloom-560m": (BLOOM_560M, dict(cuts=(1 / 2,), batch_size=4, concurrent=2, max_gen_toks=8)),
 }
 TASK_YAML = """
 task: {name}
@@ -57,11 +61,11 @@ metric_list:
   - metric: exact_match"""
 
 
-def write_tasks(directory: Path, lines: list[str], max_gen_toks: int) -> list[str]:
-    """Two tasks over the held-out lines; returns their names."""
+def write_tasks(directory: Path, lines: list[str], cuts: tuple[float, ...], max_gen_toks: int) -> list[str]:
+    """Two tasks over the held-out lines, a doc per line and cut; returns their names."""
     heads, tails = [], []
     for line in lines:
-        for fraction in (1 / 3, 1 / 2, 2 / 3):  # three docs per line, cut at a space
+        for fraction in cuts:  # where to cut, at the space before
             cut = line.rfind(" ", 0, max(8, int(len(line) * fraction)))
             # no two docs alike: lm-eval 0.4.13's hf model scores exact duplicate requests wrongly
             # with its logits cache on (its default), which would show as a disagreement here
@@ -116,18 +120,18 @@ def metric(results: dict, task: str) -> str:
     return f"{key.split(',')[0]} {float(values[key]):.3f}"
 
 
-def bench(name: str, args: argparse.Namespace, lm_eval, lines: list[str], tmp: Path) -> list[tuple]:
+def bench(name: str, args: argparse.Namespace, lm_eval, lines: list[str], tmp: Path) -> None:
+    """Prints a row per task as it is measured."""
     from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR, write_random_checkpoint
     from bloompeer.peer.cli.local_swarm import LocalSwarm, PeerProcess, split_blocks
 
-    spec = MODELS[name]
+    spec, load = MODELS[name]
     path = DEMO_MODEL_DIR if spec is None else write_random_checkpoint(tmp / name, **spec)
     num_blocks = json.loads((Path(path) / "config.json").read_text())["n_layer"]
     task_dir = tmp / f"tasks-{name}"
     task_dir.mkdir()
-    tasks = write_tasks(task_dir, lines, args.max_gen_toks)
+    tasks = write_tasks(task_dir, lines, load["cuts"], load["max_gen_toks"])
     task_manager = lm_eval.tasks.TaskManager(include_path=str(task_dir), include_defaults=False)
-    rows = []
     print(f"[{name}] starting {args.servers} servers and the API...", file=sys.stderr, flush=True)
     with LocalSwarm(str(path), split_blocks(num_blocks, args.servers)) as swarm:
         api = PeerProcess("api", ["api", "--model", str(path), "--port", "0", "--initial-peers",
@@ -138,30 +142,28 @@ def bench(name: str, args: argparse.Namespace, lm_eval, lines: list[str], tmp: P
                 model_id = json.load(response)["data"][0]["id"]
             via_api = make_model(lm_eval, "local-completions", {
                 "model": model_id, "base_url": f"{url}/completions", "tokenizer": str(path),
-                "tokenizer_backend": "huggingface", "tokenized_requests": True, "num_concurrent": args.concurrent,
-                "max_retries": 1, "max_length": 2048}, args.batch_size)
+                "tokenizer_backend": "huggingface", "tokenized_requests": True,
+                "num_concurrent": load["concurrent"], "max_retries": 1, "max_length": 2048}, load["batch_size"])
             hf = make_model(lm_eval, "hf", {"pretrained": str(path), "dtype": "float32", "device": "cpu"},
-                            args.batch_size)
+                            load["batch_size"])
             for task in tasks:
                 print(f"[{name}] {task}: lm-eval through the swarm...", file=sys.stderr, flush=True)
                 swarm_s, through_swarm = evaluate(lm_eval, task_manager, task, via_api)
                 print(f"[{name}] {task}: lm-eval's hf backend...", file=sys.stderr, flush=True)
                 local_s, local = evaluate(lm_eval, task_manager, task, hf)
-                rows.append((name, task.rsplit("_", 1)[1], local_s, swarm_s, metric(local, task),
-                             agreement(task, through_swarm, local)))
+                docs = len(local["samples"][task])
+                print(f"{name:<11} {task.rsplit('_', 1)[1]:<4} {docs:>4} {load['batch_size']:>5} "
+                      f"{load['concurrent']:>8} {local_s:>13.1f} {swarm_s:>12.1f} {swarm_s / local_s:>6.2f}  "
+                      f"{metric(local, task):<18}  {agreement(task, through_swarm, local)}", flush=True)
         finally:
             api.stop()
             del hf
-    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--servers", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=8, help="prompts per API request, and hf's batch size")
-    parser.add_argument("--concurrent", type=int, default=4, help="API requests in flight (lm-eval's num_concurrent)")
-    parser.add_argument("--max-gen-toks", type=int, default=16)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bloompeer-bench-eval-") as tmp:
         for name, value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -175,15 +177,14 @@ def main() -> None:
 
         lines = [line.strip() for line in (Path(DEMO_MODEL_DIR) / "heldout.txt").read_text().splitlines()
                  if len(line.split()) >= 4]
-        print(f"lm-eval {lm_eval.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
-              f"{args.servers} servers on 127.0.0.1; {len(lines)} lines of held-out text, 3 docs each, batch {args.batch_size}, "
-              f"{args.concurrent} requests in flight", flush=True)
-        rows = [row for name in args.models for row in bench(name, args, lm_eval, lines, Path(tmp))]
-    print(f"{'model':<11} {'task':<5} {'lm-eval hf, s':>13} {'via swarm, s':>12} {'ratio':>6}  {'hf result':<11}  "
-          f"agreement (swarm vs hf)")
-    for name, task, local_s, swarm_s, result, agreed in rows:
-        print(f"{name:<11} {task:<5} {local_s:>13.1f} {swarm_s:>12.1f} {swarm_s / local_s:>6.2f}  {result:<11}  "
-              f"{agreed}")
+        print(f"lm-eval {lm_eval.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+              f"{os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f}); {args.servers} servers on "
+              f"127.0.0.1", flush=True)
+        print(f"{'model':<11} {'task':<4} {'docs':>4} {'batch':>5} {'in flight':>8} {'lm-eval hf, s':>13} "
+              f"{'via swarm, s':>12} {'ratio':>6}  {'hf result':<18}  agreement (swarm vs hf)", flush=True)
+        for name in args.models:
+            bench(name, args, lm_eval, lines, Path(tmp))
+        print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

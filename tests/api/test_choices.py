@@ -105,12 +105,12 @@ def test_chat_n_choices(client, model_id, stream):
 @pytest.mark.parametrize("presence, frequency, stream", [(1.5, 0.0, False), (0.0, 2.0, True), (-1.0, 0.5, False)])
 def test_presence_and_frequency_penalties_as_openai_defines_them(client, model_id, reference, presence, frequency,
                                                                  stream):
-    expected = reference(PROMPTS[0], 16, presence, frequency)
-    response = client.completions.create(model=model_id, prompt=PROMPTS[0], max_tokens=16, temperature=0,
+    expected = reference(PROMPTS[0], 10, presence, frequency)
+    response = client.completions.create(model=model_id, prompt=PROMPTS[0], max_tokens=10, temperature=0,
                                          presence_penalty=presence, frequency_penalty=frequency, stream=stream)
     text = "".join(chunk.choices[0].text for chunk in response) if stream else response.choices[0].text
     assert text == expected
-    assert expected != reference(PROMPTS[0], 16)  # the penalties changed what greedy picks
+    assert expected != reference(PROMPTS[0], 10)  # the penalties changed what greedy picks
 
 
 @pytest.mark.parametrize("stream", [False, True])
