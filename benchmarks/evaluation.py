@@ -63,15 +63,17 @@ metric_list:
 
 def write_tasks(directory: Path, lines: list[str], cuts: tuple[float, ...], max_gen_toks: int) -> list[str]:
     """Two tasks over the held-out lines, a doc per line and cut; returns their names."""
-    heads, tails = [], []
+    heads, tails, wholes = [], [], set()
     for line in lines:
         for fraction in cuts:  # where to cut, at the space before
             cut = line.rfind(" ", 0, max(8, int(len(line) * fraction)))
-            # no two docs alike: lm-eval 0.4.13's hf model scores exact duplicate requests wrongly
-            # with its logits cache on (its default), which would show as a disagreement here
-            if cut > 0 and line[:cut] not in heads:
+            # no two docs whose text and true ending read the same: lm-eval 0.4.13's hf model, with
+            # its logits cache on (its default), computes requests with the same tokens once and
+            # then scores all but one of them against the wrong context length
+            if cut > 0 and line[:cut + 40] not in wholes:
                 heads.append(line[:cut])
                 tails.append(line[cut:cut + 40])
+                wholes.add(line[:cut + 40])
     mc = [{"text": head, "choices": [tails[(i + 3 * k) % len(tails)] for k in range(4)], "answer": 0}
           for i, head in enumerate(heads)]
     gen = [{"text": head, "target": tail.split()[0] if tail.split() else ""} for head, tail in zip(heads, tails)]
