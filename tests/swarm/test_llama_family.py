@@ -257,10 +257,16 @@ def test_the_api_serves_the_family_with_the_checkpoints_chat_template(family_ser
             models = client.models.list().data
             response = client.chat.completions.create(model=path.name, messages=messages, max_tokens=8,
                                                       temperature=0)
+            prompts = [ids[0].tolist(), ids[0, :5].tolist()]  # prompt scoring: one pass, padded, as for BLOOM
+            scored = client.completions.create(model=path.name, prompt=prompts, echo=True, logprobs=1, max_tokens=0)
     finally:
         api.stop()
     assert [m.id for m in models] == [path.name]
     assert response.choices[0].message.content == tokenizer.decode(expected, skip_special_tokens=True)
+    for prompt, choice in zip(prompts, scored.choices):
+        logprobs = torch.log_softmax(reference(torch.tensor([prompt])).logits[0].float(), dim=-1)
+        wanted = logprobs[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
+        assert choice.logprobs.token_logprobs[1:] == pytest.approx(wanted, abs=1e-4)
 
 
 def test_status_shows_the_family_from_the_records(family_servers, swarm, llama_family_checkpoints):
