@@ -10,7 +10,6 @@ nothing is downloaded, the tokenizer comes from the checkpoint's directory.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 

@@ -4,6 +4,7 @@ are scored in one pass per request, and streamed choices add up to the plain one
 
 from __future__ import annotations
 
+import openai
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -181,8 +182,6 @@ def test_chat_logprobs_equal_transformers(client, model_id, tokenizer, hf_greedy
     ({"prompt": [[1, 2], [3, 999999]]}, "prompt"),
 ])
 def test_invalid_new_parameters_are_400_naming_them(client, model_id, parameters, param):
-    import openai
-
     with pytest.raises(openai.BadRequestError) as raised:
         client.completions.create(**{"model": model_id, "prompt": "x", "max_tokens": 2, **parameters})
     error = raised.value.body if "message" in raised.value.body else raised.value.body["error"]
@@ -190,8 +189,6 @@ def test_invalid_new_parameters_are_400_naming_them(client, model_id, parameters
 
 
 def test_chat_top_logprobs_need_logprobs_and_stay_within_20(client, model_id):
-    import openai
-
     messages = [{"role": "user", "content": "x"}]
     for parameters in ({"top_logprobs": 3}, {"logprobs": True, "top_logprobs": 21}):
         with pytest.raises(openai.BadRequestError) as raised:
