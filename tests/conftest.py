@@ -4,6 +4,7 @@ test directory shares, with servers of their own started on it where a test need
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
 import uuid
@@ -89,12 +90,12 @@ def fresh_model(tiny_checkpoint, tmp_path):
 def start_servers(swarm, fresh_model):
     """start_servers([(0, 4), (0, 2)], *extra_args, program=None) -> PeerProcesses of `fresh_model`,
     started in parallel on the shared bootstrap peer; all stopped after the test."""
-    started = []
+    started, numbers = [], itertools.count()  # numbers: each server's log its own, also when started from threads
 
     def start(spans, *extra_args, program=None, model=None):
         servers = [swarm.add_server(a, b, model=model or fresh_model, wait=False, extra_args=extra_args,
-                                    name=f"{fresh_model.name}-{len(started) + i}", program=program)
-                   for i, (a, b) in enumerate(spans)]
+                                    name=f"{fresh_model.name}-{next(numbers)}", program=program)
+                   for a, b in spans]
         started.extend(servers)
         deadline = time.monotonic() + 120
         for server in servers:

@@ -64,6 +64,33 @@ def test_generation_survives_a_server_fault(fault, push, swarm, fresh_model, sta
         assert victim.process.wait(timeout=30) == 0
 
 
+def test_a_span_moved_next_to_its_own_server_is_pushed_on(swarm, fresh_model, start_servers, expected):
+    """The pushed route first[0:2] -> spare[2:4] loses its first server; only the spare serves 0:2
+    then, so the route becomes spare[0:2] -> spare[2:4], and the spare pushes each step on to its own
+    next session (it announces itself slow, so that it is not chosen for all four blocks at once)."""
+    spare = []
+    starting = threading.Thread(target=lambda: spare.extend(start_servers([(0, 4)], "--throughput", "1")))
+    starting.start()
+    first = start_servers([(0, 2)])[0]
+    starting.join()
+    routes = []
+
+    def note_route():
+        routes.append([(piece.peer_id_str, piece.start, piece.end) for piece in model.active_session.route])
+
+    def kill_first():
+        note_route()
+        first.signal(signal.SIGKILL)
+
+    with _client(swarm, fresh_model, push=True, recovery_timeout_s=10.0) as model, torch.inference_mode():
+        tokens = model.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                                logits_processor=LogitsProcessorList([AtCall(4, kill_first),
+                                                                      AtCall(NEW_TOKENS, note_route)]))
+    assert routes == [[(first.peer_id_str, 0, 2), (spare[0].peer_id_str, 2, 4)],
+                      [(spare[0].peer_id_str, 0, 2), (spare[0].peer_id_str, 2, 4)]]
+    assert tokens.tolist() == expected.tolist()
+
+
 def test_generation_waits_for_a_replacement_server(swarm, fresh_model, start_servers, expected):
     servers = start_servers([(0, 2), (2, 4)])
     starting = []

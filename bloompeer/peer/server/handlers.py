@@ -15,7 +15,8 @@ from typing import Any
 
 from ...p2p import (
     BackwardRequest, CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Gradients, Message, OpenSession,
-    ProtocolError, PushStep, ServerInfo, SessionReady, Step, StepOutput, decode_message, read_frame, write_frame,
+    ProtocolError, PushStep, PushTarget, ServerInfo, SessionReady, Step, StepOutput, decode_message, read_frame,
+    write_frame,
 )
 from .backend import SpanBackend
 from .metrics import OK, ServerMetrics
@@ -102,10 +103,34 @@ async def run_step(backend: SpanBackend, pusher: PushSender, session: Session, s
     deliveries = []
     if step.push:  # first: the rest of the chain waits for it, while the client only keeps its copy
         hop, rest = step.push[0], step.push[1:]
-        pushed = Step(step.position, output, step.padding_mask, step.hypo_ids, step.step_id, rest)
-        deliveries.append(pusher.push(hop, PushStep(hop.session_id, pushed)))
+        pushed = PushStep(hop.session_id, Step(step.position, output, step.padding_mask, step.hypo_ids, step.step_id,
+                                               rest))
+        deliveries.append(_pass_on(backend, pusher, hop, pushed))
     deliveries.append(session.deliver(StepOutput(output, step.step_id)))
     await asyncio.gather(*deliveries)
+
+
+async def _pass_on(backend: SpanBackend, pusher: PushSender, hop: PushTarget, pushed: PushStep) -> None:
+    """Push a step to the next hop. A hop on this very server (a client's route can hold two
+    neighbouring spans here: after the server between them failed, the blocks it had are routed to
+    us again) is run here: libp2p refuses a dial to oneself, and the client would wait for an
+    answer that never comes, ban us, route the blocks to us again, and so on until it gives up."""
+    if hop.peer_id_str != pusher.own_peer_id:
+        await pusher.push(hop, pushed)
+        return
+    session = _pushed_session(backend, pushed, hop.peer_id_str)
+    if session is not None:
+        await run_step(backend, pusher, session, pushed.step, pushed=True)
+
+
+def _pushed_session(backend: SpanBackend, pushed: PushStep, sender: str) -> Session | None:
+    """The session a pushed step is for, or None (counted, and the step dropped: the client
+    recovers as from a failed server) if it is not open here."""
+    session = backend.registry.find(pushed.session_id)
+    if session is None:
+        logger.debug("%s pushed a step to an unknown session", sender)
+        backend.metrics.count_request("push", ErrorCode.NOT_SERVING)
+    return session
 
 
 class _InferenceStream:
@@ -164,10 +189,8 @@ async def handle_push_stream(serving: Callable[[], SpanBackend], pusher: PushSen
     async def handle(frame: dict[str, Any]) -> None:
         backend = serving()
         pushed = decode_message(frame, PushStep)
-        session = backend.registry.find(pushed.session_id)
+        session = _pushed_session(backend, pushed, peer_id_str)
         if session is None:
-            logger.debug("%s pushed a step to an unknown session", peer_id_str)
-            backend.metrics.count_request("push", ErrorCode.NOT_SERVING)
             return None
         task = asyncio.create_task(run_step(backend, pusher, session, pushed.step, pushed=True))
         running.add(task)

@@ -19,8 +19,8 @@ logger = logging.getLogger(__name__)
 
 
 class PushSender:
-    def __init__(self, p2p: P2P, timeout_s: float = 10.0):
-        self.p2p, self.timeout_s = p2p, timeout_s
+    def __init__(self, p2p: P2P, own_peer_id: str, timeout_s: float = 10.0):
+        self.p2p, self.own_peer_id, self.timeout_s = p2p, own_peer_id, timeout_s  # a hop here is no push: handlers.py
         self._streams: dict[str, PeerStream] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 

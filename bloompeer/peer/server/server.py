@@ -90,7 +90,7 @@ class Server:
         self.state = ServerState.JOINING
         self.service: SpanService | None = None  # the span served now (a retired one during a move)
         self.rebalancer: Rebalancer | None = None  # with --num-blocks
-        self.pusher = PushSender(node.p2p)
+        self.pusher = PushSender(node.p2p, node.peer_id_str)
         self.push_rtts = PushRtts(node.p2p, node.peer_id_str)
         self.metrics = ServerMetrics()
         self.metrics_endpoint: MetricsEndpoint | None = None  # with --metrics-port
