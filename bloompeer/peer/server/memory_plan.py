@@ -28,9 +28,10 @@ __all__ = ["MemoryPlan", "MemoryPlanError", "available_bytes", "plan_memory", "r
 
 logger = logging.getLogger(__name__)
 
-# What the first passes add to a server's RSS beyond its weights and cache: measured as RSS after
-# the throughput measurement and 8 sessions' steps minus (RSS before loading + weights + cache in use),
-# on the demo model and on 4 blocks of hidden 1024 (tests/swarm/test_quantized_servers.py): 30 to 70 MiB
+# What the first passes add to a server's RSS beyond its weights and cache: RSS with 8 sessions open
+# and stepped (a 64-token prefill, then batched decode steps) minus (RSS before loading + weights +
+# cache in use), 4 blocks of a Qwen3 shape of hidden 1024 (tests/swarm/test_quantized_servers.py):
+# 61 MiB (none), 63 (int8), 81 (int4)
 WORKING_BYTES = 96 * 2**20
 # With a bare --num-blocks and no --cache-tokens, blocks take at most this share of the memory left
 # after the fixed overhead; the cache then gets its default share of what remains after loading

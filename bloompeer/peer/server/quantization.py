@@ -10,6 +10,8 @@ the kernels' sources and was not run (no GPU at hand).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,7 +42,12 @@ class WeightStorage:
         """What Checkpoint.load_span runs on each block once loaded (None: float weights, nothing to do)."""
         if self.kind == "none":
             return None
-        return lambda block: quantize_linears(block, self.kind, self.group_size)
+        return self._quantize_block
+
+    def _quantize_block(self, block: nn.Module) -> None:
+        quantize_linears(block, self.kind, self.group_size)
+        _own_memory(block)
+        _release_freed_memory()
 
     def check(self, checkpoint: Checkpoint) -> None:
         """Raise ValueError, naming the flag, if the model's layers cannot be stored this way."""
@@ -62,6 +69,26 @@ class WeightStorage:
         rest = sum(t.numel() for t in [*block.parameters(), *block.buffers()] if id(t) not in weights) * element
         return rest + sum(stored_weight_nbytes(layer.in_features, layer.out_features, self.kind, self.group_size,
                                                element) for layer in linears)
+
+
+def _own_memory(block: nn.Module) -> None:
+    """Give the block's remaining tensors (norms, biases) memory of their own. Read from safetensors,
+    they are views of the shard's file mapping, which stays mapped, with every page of the float
+    weights that quantizing read, as long as one view lives: 4 blocks of hidden 1024 kept 250 MiB
+    of RSS for 48 MiB of int8 weights."""
+    with torch.no_grad():
+        for tensor in [*block.parameters(), *block.buffers()]:
+            tensor.data = tensor.data.clone()
+
+
+def _release_freed_memory() -> None:
+    """Hand the allocator's free pages back to the OS (glibc's malloc_trim; nothing elsewhere): the
+    quantizer's float temporaries, freed, would otherwise stay in the heap's RSS (another 175 MiB for
+    the 4 blocks above)."""
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        pass
 
 
 def _meta_block(checkpoint: Checkpoint) -> nn.Module:
