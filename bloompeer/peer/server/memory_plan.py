@@ -116,25 +116,25 @@ def plan_memory(config: ServerConfig, checkpoint: Checkpoint, num_blocks: int | 
     on_cpu = torch.device(config.device).type == "cpu"
     fixed = (rss_bytes() if on_cpu else 0) + WORKING_BYTES
     available = available_bytes(config.device) + (fixed - WORKING_BYTES)
-    cache_bytes = None
+    block_cache_bytes = None  # --cache-tokens over one block
     if config.cache_tokens is not None:
-        span_config = checkpoint.config()
         with torch.device("meta"):
-            span = checkpoint.family.span_class(span_config, 0, 1)
-        cache_bytes = config.cache_tokens * span.cache_nbytes(1, 1, 1, dtype)  # a token over one block ...
-    model_blocks = checkpoint.config().num_hidden_layers
+            span = checkpoint.family.span_class(checkpoint.config(), 0, 1)
+        block_cache_bytes = config.cache_tokens * span.cache_nbytes(1, 1, 1, dtype)
     if num_blocks is None:
-        room = available - fixed - (cache_bytes or 0)
-        if cache_bytes is None:
+        room = available - fixed
+        if block_cache_bytes is None:
             room *= FIT_WEIGHTS_SHARE
-        num_blocks = min(model_blocks, max(0, int(room // block_bytes)))
+        num_blocks = min(checkpoint.config().num_hidden_layers,
+                         max(0, int(room // (block_bytes + (block_cache_bytes or 0)))))
         if num_blocks == 0:
             raise MemoryPlanError(
-                f"not one block fits: a block takes {block_bytes / _MIB:.1f} MiB as {storage}, and "
-                f"{max(0, room) / _MIB:.1f} MiB of {available / _MIB:.1f} MiB is left for weights after the fixed "
-                f"overhead ({fixed / _MIB:.1f} MiB) and cache; try --quant int8 or int4, or a smaller --cache-tokens")
-    if cache_bytes is not None:
-        cache_bytes *= num_blocks  # ... over the served span
+                f"not one block fits: a block takes {block_bytes / _MIB:.1f} MiB as {storage} (and "
+                f"{(block_cache_bytes or 0) / _MIB:.1f} MiB of --cache-tokens), and {max(0, room) / _MIB:.1f} MiB of "
+                f"{available / _MIB:.1f} MiB is left for them after the fixed overhead ({fixed / _MIB:.1f} MiB); "
+                f"try --quant int8 or int4, or a smaller --cache-tokens")
+    if block_cache_bytes is not None:
+        cache_bytes = block_cache_bytes * num_blocks
     else:  # the default: a share of what is left once the blocks are in (memory.default_cache_bytes)
         cache_bytes = int(max(0, available - fixed - num_blocks * block_bytes) * CPU_MEMORY_SHARE)
     plan = MemoryPlan(storage, num_blocks, block_bytes, float_block_bytes, 0, cache_bytes, fixed, available)
