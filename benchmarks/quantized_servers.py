@@ -6,12 +6,13 @@
    locally beside them. Goals (issue 27): int8 within 0.5 % of float32, int4 within 2 %.
 2. Speed and memory per server, on the bloom-560m architecture and the Qwen3-0.6B shape (random
    weights; a small vocabulary, since a server holds no embeddings): one server of every block per
-   --quant in turn, driven by a light client that speaks the wire (no LM head, so the figures are
-   the server's and the loopback's):
+   --quant, all three started together and measured in turn, ROUNDS times over (so that each meets
+   the machine's changing load alike; a figure is the best of its rounds), by a light client that
+   speaks the wire (no LM head, so the figures are the server's and the loopback's):
    - weights: bytes as stored (what the server's memory plan counts), and their ratio to float32's;
    - peak RSS: the server process's VmHWM after everything below (loading included);
    - decode: median ms of a one-token step of one session (16-token prompt, then 24 steps);
-   - prefill: median s of one 512-token step;
+   - prefill: s of one 512-token step;
    - 8 sessions: steps/s of 8 sessions stepping one token each at once (the server batches them).
    Goals: decode steps of int8 and int4 <= 0.6x float32's; weights <= 0.3x and <= 0.2x float32's.
 
@@ -55,7 +56,7 @@ MODELS = {  # write_random_checkpoint arguments (benchmarks/inference.py's shape
     "qwen3-0.6b": dict(model_type="qwen3", num_blocks=28, hidden_size=1024, num_heads=16, num_key_value_heads=8,
                        head_dim=128, intermediate_size=3072, vocab_size=512, max_shard_size="1GB"),
 }
-PROMPT, DECODE_STEPS, PREFILL, PREFILL_REPEATS, SESSIONS, SESSION_ROUNDS = 16, 24, 512, 3, 8, 12
+PROMPT, DECODE_STEPS, PREFILL, SESSIONS, SESSION_ROUNDS, ROUNDS = 16, 24, 512, 8, 12, 2
 
 
 def load() -> str:
@@ -131,12 +132,10 @@ class WireClient:
         return 1000 * statistics.median(times[4:])  # the first few warm the caches
 
     async def prefill_s(self) -> float:
-        times = []
-        for _ in range(PREFILL_REPEATS):
-            stream = await self.open(PREFILL)
-            times.append(await self.step(stream, 0, PREFILL, 1))
-            await self.close(stream)
-        return statistics.median(times)
+        stream = await self.open(PREFILL)
+        seconds = await self.step(stream, 0, PREFILL, 1)
+        await self.close(stream)
+        return seconds
 
     async def sessions_steps_per_s(self) -> float:
         streams = [await self.open(PROMPT + SESSION_ROUNDS + 2) for _ in range(SESSIONS)]
@@ -161,14 +160,23 @@ def peak_rss_mib(pid: int) -> float:
         return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
 
 
-async def measure_server(swarm: LocalSwarm, server, path: Path, num_blocks: int, hidden_size: int) -> dict:
+async def measure_servers(swarm: LocalSwarm, servers: dict, path: Path, num_blocks: int, hidden_size: int) -> dict:
+    """{kind: figures}, each the best of ROUNDS rounds that measure every server in turn."""
     node = await PeerNode.create(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True))
+    rounds: dict[str, list[dict]] = {kind: [] for kind in servers}
     try:
-        client = WireClient(node, server, path.name, num_blocks, hidden_size)
-        return {"decode_ms": await client.decode_ms(), "prefill_s": await client.prefill_s(),
-                "sessions": await client.sessions_steps_per_s(), "peak_rss_mib": peak_rss_mib(server.pid)}
+        for index in range(ROUNDS):
+            for kind, server in servers.items():
+                client = WireClient(node, server, path.name, num_blocks, hidden_size)
+                rounds[kind].append({"decode_ms": await client.decode_ms(), "prefill_s": await client.prefill_s(),
+                                     "sessions": await client.sessions_steps_per_s()})
+                print(f"[{path.name}] round {index + 1}, {kind}: {rounds[kind][-1]} (load average {load()})",
+                      file=sys.stderr, flush=True)
     finally:
         await node.shutdown()
+    return {kind: {"decode_ms": min(r["decode_ms"] for r in runs), "prefill_s": min(r["prefill_s"] for r in runs),
+                   "sessions": max(r["sessions"] for r in runs), "peak_rss_mib": peak_rss_mib(servers[kind].pid)}
+            for kind, runs in rounds.items()}
 
 
 def speed_table(name: str, log_dir: Path) -> None:
@@ -178,18 +186,16 @@ def speed_table(name: str, log_dir: Path) -> None:
         path = write_random_checkpoint(Path(tmp) / name, **spec)
         checkpoint = open_checkpoint(path)
         num_blocks, hidden_size = spec["num_blocks"], spec["hidden_size"]
-        rows = {}
         with LocalSwarm(path, [], log_dir=log_dir / name) as swarm:
-            for kind in KINDS:  # one server at a time: each meets the machine alone
-                before = load()
-                server = swarm.add_server(0, num_blocks, ["--quant", kind, "--throughput", "1", "--cache-tokens",
-                                                          "2048", "--max-length", str(PREFILL)], name=f"{name}-{kind}")
-                row = asyncio.run(measure_server(swarm, server, path, num_blocks, hidden_size))
-                server.stop()
-                row["weights"] = num_blocks * WeightStorage(kind, GROUP_SIZE).block_nbytes(checkpoint, torch.float32)
-                rows[kind] = row
-                print(f"[{name}] {kind}: {row} (load average before {before}, after {load()})", file=sys.stderr,
-                      flush=True)
+            servers = {kind: swarm.add_server(0, num_blocks, ["--quant", kind, "--throughput", "1", "--cache-tokens",
+                                                              "2048", "--max-length", str(PREFILL)],
+                                              wait=False, name=f"{name}-{kind}") for kind in KINDS}
+            deadline = time.monotonic() + 600
+            for server in servers.values():
+                server.wait_online(deadline)
+            rows = asyncio.run(measure_servers(swarm, servers, path, num_blocks, hidden_size))
+        for kind, row in rows.items():
+            row["weights"] = num_blocks * WeightStorage(kind, GROUP_SIZE).block_nbytes(checkpoint, torch.float32)
     none = rows["none"]
     print(f"\n{name} ({num_blocks} blocks, hidden {hidden_size}), one server of every block; load average {load()}")
     print(f"{'weights':<7} {'MiB stored':>10} {'x float':>7} {'peak RSS MiB':>12} {'decode ms':>9} {'x float':>7} "

@@ -193,3 +193,4 @@ def test_a_servers_rss_stays_within_its_memory_plan_for_each_quant(swarm, quanti
     assert rows["int8"][1]["weights"] < 0.3 * rows["none"][1]["weights"]
     assert rows["int4"][1]["weights"] < 0.2 * rows["none"][1]["weights"]
     assert rows["int4"][0] < rows["int8"][0] < rows["none"][0] - 0.5 * rows["none"][1]["weights"]
+

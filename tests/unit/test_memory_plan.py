@@ -1,12 +1,15 @@
 """The memory plan a server makes before loading (peer/server/memory_plan.py), on the demo model's
 config with the memory available and the process's RSS set by the test."""
 
+import asyncio
+
 import pytest
 import torch
 
 from bloompeer.blocks import open_checkpoint
 from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR
 from bloompeer.peer.server import memory_plan
+from bloompeer.peer.server import server as server_module
 from bloompeer.peer.server.config import ServerConfig
 from bloompeer.peer.server.memory_plan import WORKING_BYTES, MemoryPlanError, plan_memory
 from bloompeer.peer.server.quantization import WeightStorage
@@ -81,3 +84,15 @@ def test_4bit_groups_the_layers_cannot_take_are_refused_naming_the_flag(tiny_che
     WeightStorage("int8", 64).check(tiny)
     with pytest.raises(ValueError, match="--quant int4.*groups of 128.*--quant-group-size"):
         WeightStorage("int4", 128).check(tiny)
+
+
+def test_a_server_whose_plan_does_not_fit_refuses_before_it_touches_the_network(tiny_checkpoint, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("the plan is checked before joining the network")
+
+    monkeypatch.setattr(server_module, "join_network", no_network)
+    monkeypatch.setattr(server_module.PeerNode, "create", no_network)
+    config = ServerConfig(model=str(tiny_checkpoint), start=0, end=4, cache_tokens=10**10)
+    with pytest.raises(MemoryPlanError, match=r"not enough memory for this server: weights 4 blocks.*MiB available; "
+                                              r"serve fewer blocks.*--quant int8.*--cache-tokens"):
+        asyncio.run(server_module.Server.create(config))

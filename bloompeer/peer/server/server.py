@@ -83,13 +83,14 @@ class Server:
     request path has no way to reach into the lifecycle.
     """
 
-    def __init__(self, config: ServerConfig, checkpoint: Checkpoint, node: PeerNode, compute: ComputeWorker):
+    def __init__(self, config: ServerConfig, checkpoint: Checkpoint, node: PeerNode, compute: ComputeWorker,
+                 memory_plan: MemoryPlan):
         self.config, self.checkpoint, self.node, self.compute = config, checkpoint, node, compute
         self.model_uid = checkpoint.model_uid
         self.fingerprint = checkpoint.fingerprint()
         self.start, self.end = config.start, config.end
         self.storage = WeightStorage(config.quant, config.quant_group_size)
-        self.memory_plan: MemoryPlan | None = None  # made before anything loads
+        self.memory_plan = memory_plan  # made before anything started: how many blocks, in what memory
         self.throughput = config.throughput or 0.0
         self.state = ServerState.JOINING
         self.service: SpanService | None = None  # the span served now (a retired one during a move)
@@ -116,14 +117,18 @@ class Server:
         if config.start is None and not 0 <= config.num_blocks <= num_blocks:
             raise ValueError(f"--num-blocks {config.num_blocks} is not between 1 and {checkpoint.model_uid}'s "
                              f"{num_blocks} blocks")
-        WeightStorage(config.quant, config.quant_group_size).check(checkpoint)
+        storage = WeightStorage(config.quant, config.quant_group_size)
+        storage.check(checkpoint)
+        wanted = config.end - config.start if config.start is not None else config.num_blocks or None
+        plan = plan_memory(config, checkpoint, wanted, storage)  # before the network: a refusal costs nothing
+        logger.info("Memory plan: %s", plan)
         joining = time.monotonic()
         if config.check_reachability:
             node, reachability, relayed = await join_network(config.network)
         else:
             node, relayed = await PeerNode.create(config.network, announcing=True), False
             reachability = "reachability: not checked (--no-reachability-check)"
-        server = cls(config, checkpoint, node, ComputeWorker(config.device))
+        server = cls(config, checkpoint, node, ComputeWorker(config.device), plan)
         server.reachability, server.relayed = reachability, relayed
         server.startup.add_network(joining, node.join_seconds, config.check_reachability)
         try:
@@ -135,9 +140,6 @@ class Server:
         return server
 
     async def _start(self, num_blocks: int) -> None:
-        wanted = self.end - self.start if self.start is not None else self.config.num_blocks or None
-        self.memory_plan = plan_memory(self.config, self.checkpoint, wanted, self.storage)
-        logger.info("Memory plan: %s", self.memory_plan)
         if self.config.metrics_port is not None:  # first: a port in use fails before minutes of loading
             self.metrics_endpoint = MetricsEndpoint(self.metrics, self.config.metrics_host, self.config.metrics_port)
             logger.info("Metrics for Prometheus at %s", self.metrics_endpoint.url)
