@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
-    "QUANT_KINDS", "block_range", "fraction", "model_argument", "non_negative_float", "port", "positive_float", "positive_int",
+    "QUANT_KINDS", "block_range", "fraction", "model_argument", "non_negative_float", "port", "positive_float",
+    "positive_int",
     "probability", "quant_kinds",
 ]
 

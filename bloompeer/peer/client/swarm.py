@@ -54,7 +54,8 @@ class SwarmView:
 
     async def refresh(self) -> None:
         found = await self.directory.find_servers(self.model_uid, self.num_blocks)
-        self.servers, self._updated_at = usable_servers(found, self.fingerprint, self.trusted, self.quant_allowed), time.monotonic()
+        self.servers = usable_servers(found, self.fingerprint, self.trusted, self.quant_allowed)
+        self._updated_at = time.monotonic()
         await self._ping_stale()
 
     async def _ping_stale(self) -> None:

@@ -63,7 +63,8 @@ class LocalBlocks:
         """storage: (quant, group size) as the checked server announces them; the blocks are quantized so."""
         if (start, end, storage) not in self._spans:
             quant, group_size = storage
-            hook = None if quant == "none" else lambda block: quantize_linears(block, quant, group_size or DEFAULT_GROUP_SIZE)
+            hook = None if quant == "none" else lambda block: quantize_linears(block, quant,
+                                                                             group_size or DEFAULT_GROUP_SIZE)
             self._spans[start, end, storage] = self.checkpoint.load_span(start, end, self.dtype, prepare_block=hook)
         prompts = None if prompts is None else prompts.to(self.dtype)
         with torch.inference_mode():
