@@ -11,13 +11,14 @@ __all__ = ["missing_blocks", "status_data", "weights_label", "weights_on_offer"]
 
 
 def status_data(model_uid: str, num_blocks: int, servers: dict[int, list[ServerRecord]]) -> dict[str, Any]:
-    """{"model", "num_blocks", "missing": [block indices no online server covers], "blocks": [{"index",
-    "servers": [DHT record as on the wire, plus "weights": weights_label(record)]}]}, from
-    BlockDirectory.find_servers' answer."""
+    """{"model", "num_blocks", "missing": [block indices no online server covers], "weights": the ways
+    online servers store the weights (weights_on_offer), "blocks": [{"index", "servers": [DHT record
+    as on the wire, plus "weights": weights_label(record)]}]}, from BlockDirectory.find_servers' answer."""
     blocks = [{"index": i, "servers": [{**record.to_wire(), "weights": weights_label(record)}
                                        for record in servers.get(i, [])]} for i in range(num_blocks)]
     missing = missing_blocks(num_blocks, servers)
-    return {"model": model_uid, "num_blocks": num_blocks, "missing": missing, "blocks": blocks}
+    return {"model": model_uid, "num_blocks": num_blocks, "missing": missing, "weights": weights_on_offer(servers),
+            "blocks": blocks}
 
 
 def weights_label(record: ServerRecord) -> str:

@@ -34,4 +34,4 @@ def test_the_weights_column_says_how_each_server_stores_them():
     assert [row[3] for row in rows] == ["float32", "int8", "int4/64", "int4/32"]
     data = status_data("m", 4, servers)
     assert [server["weights"] for server in data["blocks"][0]["servers"]] == ["float32", "int8", "int4/64", "int4/32"]
-    assert weights_on_offer(servers) == ["float32", "int4/64", "int8"]  # online servers only
+    assert weights_on_offer(servers) == data["weights"] == ["float32", "int4/64", "int8"]  # online servers only

@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from ..swarm_status import status_data, weights_on_offer
+from ..swarm_status import status_data
 
 __all__ = ["fetch_swarm_state"]
 
@@ -24,13 +24,11 @@ async def _lookup(swarm_client) -> tuple[dict, dict[str, float]]:
 
 
 async def fetch_swarm_state(model) -> dict[str, Any]:
-    """status_data(...) plus "latency_s": {peer id: seconds or None (not measured, or no answer)} and
-    "weights": how online servers store the weights (swarm_status.weights_on_offer)."""
+    """status_data(...) plus "latency_s": {peer id: seconds or None (not measured, or no answer)}."""
     swarm_client = model.client
     servers, rtts_s = await run_in_threadpool(swarm_client.runtime.run, _lookup(swarm_client))
     view = swarm_client.swarm
     state = status_data(view.model_uid, view.num_blocks, servers)
-    state["weights"] = weights_on_offer(servers)
     peers = {record.peer_id for records in servers.values() for record in records}
     state["latency_s"] = {peer: rtts_s[peer] if math.isfinite(rtts_s.get(peer, math.inf)) else None
                           for peer in sorted(peers)}

@@ -4,9 +4,9 @@ against the memory available. `serve` logs the plan, refuses to start in one lin
 fit, and with a bare --num-blocks serves as many blocks as fit.
 
 The fixed overhead is measured, not guessed: the process's own resident set when the plan is made
-(interpreter, torch, the libp2p daemon's client and the DHT node, before any block), plus
-WORKING_BYTES for what the first passes add (oneDNN and MKL buffers, thread pools, a pass's
-activations, the throughput measurement). tests/swarm/test_quantized_servers.py holds a server's
+(interpreter, torch, transformers; before the network is joined and any block loaded), plus
+WORKING_BYTES for what comes after (the DHT node, oneDNN's and MKL's kernels and buffers, thread
+pools, a pass's activations). tests/swarm/test_quantized_servers.py holds a server's
 RSS to 1.15x the plan's weights, cache in use and overhead, for each --quant.
 """
 
@@ -28,10 +28,11 @@ __all__ = ["MemoryPlan", "MemoryPlanError", "available_bytes", "plan_memory", "r
 
 logger = logging.getLogger(__name__)
 
-# What the first passes add to a server's RSS beyond its weights and cache: RSS with 8 sessions open
-# and stepped (a 64-token prefill, then batched decode steps) minus (RSS before loading + weights +
-# cache in use), 4 blocks of a Qwen3 shape of hidden 1024 (tests/swarm/test_quantized_servers.py):
-# 61 MiB (none), 63 (int8), 81 (int4)
+# What joining the network and the first passes add to a server's RSS beyond its weights and cache:
+# RSS with 4 sessions open and stepped (a 16-token prefill, then batched decode steps) minus (RSS when
+# the plan is made + weights + cache in use), 4 blocks of a Qwen3 shape of hidden 1024
+# (tests/swarm/test_quantized_servers.py): 61 MiB (none, with the oneDNN kernels that batched
+# passes build at load), 33 (int8), 26 (int4); with 8 sessions and a 64-token prefill, up to 81
 WORKING_BYTES = 96 * 2**20
 # With a bare --num-blocks and no --cache-tokens, blocks take at most this share of the memory left
 # after the fixed overhead; the cache then gets its default share of what remains after loading
