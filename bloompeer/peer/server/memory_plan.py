@@ -21,7 +21,7 @@ import torch
 from ...blocks import Checkpoint
 from ...errors import RequestError
 from .config import ServerConfig
-from .memory import CPU_MEMORY_SHARE
+from .memory import CPU_MEMORY_SHARE, GPU_MEMORY_SHARE
 from .quantization import WeightStorage
 
 __all__ = ["MemoryPlan", "MemoryPlanError", "available_bytes", "plan_memory", "rss_bytes"]
@@ -137,7 +137,8 @@ def plan_memory(config: ServerConfig, checkpoint: Checkpoint, num_blocks: int | 
     if block_cache_bytes is not None:
         cache_bytes = block_cache_bytes * num_blocks
     else:  # the default: a share of what is left once the blocks are in (memory.default_cache_bytes)
-        cache_bytes = int(max(0, available - fixed - num_blocks * block_bytes) * CPU_MEMORY_SHARE)
+        share = CPU_MEMORY_SHARE if on_cpu else GPU_MEMORY_SHARE
+        cache_bytes = int(max(0, available - fixed - num_blocks * block_bytes) * share)
     plan = MemoryPlan(storage, num_blocks, block_bytes, float_block_bytes, 0, cache_bytes, fixed, available)
     if plan.total_bytes > available or cache_bytes == 0:
         raise MemoryPlanError(f"not enough memory for this server: {plan}; serve fewer blocks (--blocks, "
