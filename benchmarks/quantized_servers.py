@@ -6,7 +6,7 @@
    locally beside them. Goals (issue 27): int8 within 0.5 % of float32, int4 within 2 %.
 2. Speed and memory per server, on the bloom-560m architecture and the Qwen3-0.6B shape (random
    weights; a small vocabulary, since a server holds no embeddings): one server of every block per
-   --quant, all three started together and measured in turn, ROUNDS times over (so that each meets
+   --quant, all three started together and measured in turn, --rounds times over (so that each meets
    the machine's changing load alike; a figure is the best of its rounds), by a light client that
    speaks the wire (no LM head, so the figures are the server's and the loopback's):
    - weights: bytes as stored (what the server's memory plan counts), and their ratio to float32's;
@@ -16,7 +16,7 @@
    - 8 sessions: steps/s of 8 sessions stepping one token each at once (the server batches them).
    Goals: decode steps of int8 and int4 <= 0.6x float32's; weights <= 0.3x and <= 0.2x float32's.
 
-    python benchmarks/quantized_servers.py [--models bloom-560m qwen3-0.6b] [--skip-quality]
+    python benchmarks/quantized_servers.py [--models bloom-560m qwen3-0.6b] [--skip-quality] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ MODELS = {  # write_random_checkpoint arguments (benchmarks/inference.py's shape
     "qwen3-0.6b": dict(model_type="qwen3", num_blocks=28, hidden_size=1024, num_heads=16, num_key_value_heads=8,
                        head_dim=128, intermediate_size=3072, vocab_size=512, max_shard_size="1GB"),
 }
-PROMPT, DECODE_STEPS, PREFILL, SESSIONS, SESSION_ROUNDS, ROUNDS = 16, 24, 512, 8, 12, 2
+PROMPT, DECODE_STEPS, PREFILL, SESSIONS, SESSION_ROUNDS = 16, 24, 512, 8, 12
+ROUNDS = 2  # --rounds
 
 
 def load() -> str:
@@ -213,7 +214,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--skip-quality", action="store_true", help="no perplexity table")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds over the three servers; each figure the best")
     args = parser.parse_args()
+    global ROUNDS
+    ROUNDS = args.rounds
     print(f"{os.cpu_count()} cores, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}; "
           f"load average {load()}")
     with tempfile.TemporaryDirectory(prefix="bloompeer-quant-logs-") as logs:
