@@ -57,7 +57,6 @@ MODELS = {  # write_random_checkpoint arguments (benchmarks/inference.py's shape
                        head_dim=128, intermediate_size=3072, vocab_size=512, max_shard_size="1GB"),
 }
 PROMPT, DECODE_STEPS, PREFILL, SESSIONS, SESSION_ROUNDS = 16, 24, 512, 8, 12
-ROUNDS = 2  # --rounds
 
 
 def load() -> str:
@@ -161,26 +160,27 @@ def peak_rss_mib(pid: int) -> float:
         return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
 
 
-async def measure_servers(swarm: LocalSwarm, servers: dict, path: Path, num_blocks: int, hidden_size: int) -> dict:
-    """{kind: figures}, each the best of ROUNDS rounds that measure every server in turn."""
+async def measure_servers(swarm: LocalSwarm, servers: dict, path: Path, num_blocks: int, hidden_size: int,
+                          rounds: int) -> dict:
+    """{kind: figures}, each the best of `rounds` rounds that measure every server in turn."""
     node = await PeerNode.create(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True))
-    rounds: dict[str, list[dict]] = {kind: [] for kind in servers}
+    figures: dict[str, list[dict]] = {kind: [] for kind in servers}
     try:
-        for index in range(ROUNDS):
+        for index in range(rounds):
             for kind, server in servers.items():
                 client = WireClient(node, server, path.name, num_blocks, hidden_size)
-                rounds[kind].append({"decode_ms": await client.decode_ms(), "prefill_s": await client.prefill_s(),
+                figures[kind].append({"decode_ms": await client.decode_ms(), "prefill_s": await client.prefill_s(),
                                      "sessions": await client.sessions_steps_per_s()})
-                print(f"[{path.name}] round {index + 1}, {kind}: {rounds[kind][-1]} (load average {load()})",
+                print(f"[{path.name}] round {index + 1}, {kind}: {figures[kind][-1]} (load average {load()})",
                       file=sys.stderr, flush=True)
     finally:
         await node.shutdown()
     return {kind: {"decode_ms": min(r["decode_ms"] for r in runs), "prefill_s": min(r["prefill_s"] for r in runs),
                    "sessions": max(r["sessions"] for r in runs), "peak_rss_mib": peak_rss_mib(servers[kind].pid)}
-            for kind, runs in rounds.items()}
+            for kind, runs in figures.items()}
 
 
-def speed_table(name: str, log_dir: Path) -> None:
+def speed_table(name: str, log_dir: Path, rounds: int) -> None:
     spec = MODELS[name]
     with tempfile.TemporaryDirectory(prefix=f"bloompeer-quant-{name}-") as tmp:
         print(f"[{name}] writing a random checkpoint...", file=sys.stderr, flush=True)
@@ -194,7 +194,7 @@ def speed_table(name: str, log_dir: Path) -> None:
             deadline = time.monotonic() + 600
             for server in servers.values():
                 server.wait_online(deadline)
-            rows = asyncio.run(measure_servers(swarm, servers, path, num_blocks, hidden_size))
+            rows = asyncio.run(measure_servers(swarm, servers, path, num_blocks, hidden_size, rounds))
         for kind, row in rows.items():
             row["weights"] = num_blocks * WeightStorage(kind, GROUP_SIZE).block_nbytes(checkpoint, torch.float32)
     none = rows["none"]
@@ -216,15 +216,13 @@ def main() -> None:
     parser.add_argument("--skip-quality", action="store_true", help="no perplexity table")
     parser.add_argument("--rounds", type=int, default=2, help="rounds over the three servers; each figure the best")
     args = parser.parse_args()
-    global ROUNDS
-    ROUNDS = args.rounds
     print(f"{os.cpu_count()} cores, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}; "
           f"load average {load()}")
     with tempfile.TemporaryDirectory(prefix="bloompeer-quant-logs-") as logs:
         if not args.skip_quality:
             quality_table(Path(logs))
         for name in args.models:
-            speed_table(name, Path(logs))
+            speed_table(name, Path(logs), args.rounds)
 
 
 if __name__ == "__main__":
