@@ -10,6 +10,8 @@ rules). Everything else is an end state the user reads.
     │   ├── RequestTooLargeError  client/     over the limits of every server of some block (the limit, the
     │   │                                     value asked and the `serve` flag that raises it)
     │   ├── CheckpointError       blocks/     not a checkpoint we can read (path, config, shards)
+    │   ├── MemoryPlanError       peer/       a server's blocks, cache and overhead would not fit the memory
+    │   │                                     available (the figures, the flag to change)
     │   └── IdentityError         p2p/        an identity key file we cannot use
     ├── RemoteError               p2p/    one server failed one request; `.peer` names it, `.code` says how
     │   ├── PeerUnavailableError          (b) this server cannot take it now or failed (not_serving, timeout,

@@ -164,6 +164,7 @@ class Checkpoint:
             except RuntimeError as exc:
                 raise CheckpointError(f"{self.name_or_path}: block {index}'s tensors do not fit the config: {exc}") \
                     from None
+            del tensors, state  # the block holds its tensors now: a quantizer below can free the float ones
             block.to(device).eval().requires_grad_(False)
             if prepare_block is not None:
                 prepare_block(block)

@@ -32,7 +32,7 @@ from torch import nn
 
 __all__ = [
     "DEFAULT_GROUP_SIZE", "GROUP_SIZES", "QUANT_KINDS", "Int4Linear", "Int8Linear", "QuantizedLinear",
-    "check_int4_shape", "quantize_linears",
+    "check_int4_shape", "quantize_linears", "stored_weight_nbytes",
 ]
 
 QUANT_KINDS = ("none", "int8", "int4")
@@ -182,6 +182,18 @@ def check_int4_shape(in_features: int, out_features: int, group_size: int) -> No
     if out_features % _INT4_ROWS_MULTIPLE:
         raise ValueError(f"a layer of {out_features} outputs cannot be packed in 4 bits "
                          f"(the kernels need a multiple of {_INT4_ROWS_MULTIPLE})")
+
+
+def stored_weight_nbytes(in_features: int, out_features: int, kind: str, group_size: int = DEFAULT_GROUP_SIZE,
+                         float_bytes: int = 4) -> int:
+    """Bytes a linear layer's weight takes stored as `kind` (scales and zeros included, the bias not),
+    without building it: what a memory plan counts before anything is loaded. float_bytes: the
+    model dtype's element size, for "none"."""
+    if kind == "int8":
+        return out_features * in_features + 2 * out_features  # int8 q, bfloat16 scale per row
+    if kind == "int4":  # two values a byte; a bfloat16 scale and zero per group and row
+        return out_features * in_features // 2 + 4 * out_features * (in_features // group_size)
+    return float_bytes * out_features * in_features
 
 
 def _quantize_groups(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,10 +13,17 @@ from typing import Any
 
 from .errors import ProtocolError
 
-__all__ = ["MAX_PUSH_RTTS", "MAX_RTT_S", "RequestLimits", "ServerState", "ServerRecord", "block_key"]
+__all__ = [
+    "INT4_GROUP_SIZES", "MAX_PUSH_RTTS", "MAX_RTT_S", "QUANT_KINDS", "RequestLimits", "ServerState", "ServerRecord",
+    "block_key",
+]
 
 MAX_PUSH_RTTS = 16  # servers a record may name round trips to (its nearest possible next hops)
 MAX_RTT_S = 60.0
+# How a server may store its linear weights, and the 4-bit group sizes: those of
+# blocks/quantized_linear.py (the kernels'), which p2p does not import; tests/unit/test_records.py pins them
+QUANT_KINDS = ("none", "int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
 class ServerState(str, Enum):
@@ -68,11 +75,23 @@ class ServerRecord:
     # the model family its blocks compute as (blocks/families.py: "bloom", "llama"); records of
     # versions before the field were all BLOOM's
     family: str = "bloom"
+    # how its linear weights are stored: none (the model's dtype), int8 (per output channel) or int4
+    # (in groups of quant_group_size inputs; 0 for the others). Records of versions before the
+    # fields stored none; both are left out on the wire for none, so they read the same
+    quant: str = "none"
+    quant_group_size: int = 0
+
+    @property
+    def weight_storage(self) -> tuple[str, int]:
+        """(quant, group size): two servers compute alike only if they store their weights alike."""
+        return self.quant, self.quant_group_size
 
     def to_wire(self) -> dict[str, Any]:
         wire = {**asdict(self), "state": self.state.value, "push_rtts_s": dict(self.push_rtts_s)}
         if not self.push_rtts_s:
             del wire["push_rtts_s"]
+        if self.quant == "none":
+            del wire["quant"], wire["quant_group_size"]
         return wire
 
     def push_rtt_s(self, peer_id: str) -> float | None:
@@ -82,8 +101,8 @@ class ServerRecord:
     @classmethod
     def from_wire(cls, value: Any) -> ServerRecord:
         if not isinstance(value, dict) or not _REQUIRED_FIELDS <= set(value) <= _RECORD_FIELDS:
-            raise ProtocolError("a server record is a map with the fields of ServerRecord (push_rtts_s and family "
-                                "optional)")
+            raise ProtocolError("a server record is a map with the fields of ServerRecord (push_rtts_s, family, "
+                                "quant and quant_group_size optional)")
         checks = {
             "peer_id": lambda v: isinstance(v, str) and 0 < len(v) <= 128,
             "state": lambda v: isinstance(v, str) and v in _STATES,
@@ -96,8 +115,11 @@ class ServerRecord:
             "weights_fingerprint": lambda v: isinstance(v, str) and len(v) <= 128,
             "relayed": lambda v: type(v) is bool,
             "family": lambda v: isinstance(v, str) and 0 < len(v) <= 32,
+            "quant": lambda v: isinstance(v, str) and v in QUANT_KINDS,
+            "quant_group_size": lambda v: type(v) is int and (
+                v in INT4_GROUP_SIZES if value["quant"] == "int4" else v == 0),  # quant is checked first
         }
-        value = {"family": "bloom", **value}
+        value = {"family": "bloom", "quant": "none", "quant_group_size": 0, **value}
         for name, check in checks.items():
             if not check(value[name]):
                 raise ProtocolError(f"server record: bad {name} {str(value[name])[:40]!r}")
@@ -116,6 +138,6 @@ def _push_rtts_from_wire(value: Any) -> tuple[tuple[str, float], ...]:
 
 
 _RECORD_FIELDS = frozenset(ServerRecord.__dataclass_fields__)
-_REQUIRED_FIELDS = _RECORD_FIELDS - {"push_rtts_s", "family"}
+_REQUIRED_FIELDS = _RECORD_FIELDS - {"push_rtts_s", "family", "quant", "quant_group_size"}
 _LIMIT_FIELDS = frozenset(RequestLimits.__dataclass_fields__)
 _STATES = frozenset(state.value for state in ServerState)

@@ -38,6 +38,7 @@ def test_models_lists_the_checkpoint_with_its_coverage(client, model_id):
     assert [model.id for model in models] == [model_id]
     assert models[0].model_extra["all_blocks_covered"] is True
     assert models[0].model_extra["missing_blocks"] == []
+    assert models[0].model_extra["weights"] == ["float32"]  # how its online servers store the weights
 
 
 def test_greedy_completion_equals_transformers(client, model_id, reference, tokenizer):

@@ -58,6 +58,7 @@ def test_the_page_shows_every_server_and_block_range(api, swarm, tiny_checkpoint
     for index in range(4):
         assert f'data-block="{index}"' in dom
     assert "all covered" in dom
+    assert "<td>float32</td>" in dom  # the weights column
 
     screenshot = tmp_path / "dashboard.png"
     _chromium(tmp_path / "profile", "--virtual-time-budget=3000", "--window-size=1100,560",

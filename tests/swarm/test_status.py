@@ -43,7 +43,8 @@ def test_status_shows_who_serves_what_and_a_server_gone(swarm, fresh_model, star
     assert table.splitlines()[0] == f"{fresh_model.name} (bloom family): 4 blocks" and "MISSING" not in table
     rows = _server_rows(table)
     assert rows["…" + a[-8:]][:2] == ["0:3", "online"] and rows["…" + b[-8:]][:2] == ["2:4", "online"]
-    assert rows["…" + a[-8:]][-1] == "direct" and float(rows["…" + a[-8:]][2]) > 0  # measured throughput
+    assert rows["…" + a[-8:]][2] == "float32"  # how it stores its weights
+    assert rows["…" + a[-8:]][-1] == "direct" and float(rows["…" + a[-8:]][3]) > 0  # measured throughput
 
     assert second.stop() == 0  # a clean stop announces the server offline on its way out
     data, table = _json_and_table(fresh_model, swarm)

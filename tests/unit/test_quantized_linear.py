@@ -1,5 +1,5 @@
 """Quantized linear layers (int8, 4-bit) against the same arithmetic done by hand in float, alone and
-inside a BLOOM block computed by BlockSpan.
+inside a BLOOM and a Qwen3 (Llama family) span computed by BlockSpan.
 
 The tolerance of a layer's output is derived, not tuned. The kernel and the hand computation both
 take the bfloat16-rounded input and the same dequantized weight and sum in float32, in different
@@ -16,16 +16,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BloomConfig
+from transformers import BloomConfig, Qwen3Config
 
 from bloompeer.blocks import BlockSpan, Segment
 from bloompeer.blocks.bloom import BloomSpan
+from bloompeer.blocks.llama import LlamaSpan
 from bloompeer.blocks.quantized_linear import (
     GROUP_SIZES, Int4Linear, Int8Linear, QuantizedLinear, check_int4_shape, quantize_linears,
 )
 
 IN_FEATURES, OUT_FEATURES = 256, 192
 BLOCK_CONFIG = BloomConfig(vocab_size=100, hidden_size=64, n_layer=2, n_head=4)
+SPANS = {  # a span of each family: its class, and a config the 4-bit kernels take (widths multiples of 64)
+    "bloom": (BloomSpan, BLOCK_CONFIG),
+    "qwen3": (LlamaSpan, Qwen3Config(vocab_size=100, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
+}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +59,8 @@ def hand_dequantized(layer: QuantizedLinear, weight: torch.Tensor) -> torch.Tens
 def hand_output(rows: torch.Tensor, dequantized: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """bfloat16 input, float32 product, rounded to bfloat16 as the kernel's output is, plus the bias;
     the roundings pass gradients straight through, as the layer's backward does."""
-    return _bfloat16_rounded(F.linear(_bfloat16_rounded(rows), dequantized)) + bias
+    output = _bfloat16_rounded(F.linear(_bfloat16_rounded(rows), dequantized))
+    return output if bias is None else output + bias
 
 
 def _bfloat16_rounded(values: torch.Tensor) -> torch.Tensor:
@@ -169,10 +176,14 @@ class _HandLinear(nn.Module):
         return hand_output(rows, self.dequantized, self.bias)
 
 
-def _quantized_span_and_hand_reference(kind: str) -> tuple[BlockSpan, BlockSpan, BlockSpan]:
+def _quantized_span_and_hand_reference(kind: str, family: str) -> tuple[BlockSpan, BlockSpan, BlockSpan]:
     """The same random blocks three times: quantized, computed by hand, in float32."""
     torch.manual_seed(3)
-    float_span = BloomSpan(BLOCK_CONFIG, 0, 2).eval().requires_grad_(False)
+    span_class, config = SPANS[family]
+    float_span = span_class(config, 0, 2).eval().requires_grad_(False)
+    with torch.no_grad():
+        for parameter in float_span.parameters():  # Llama-family blocks start with unit norms and no init
+            parameter.copy_(torch.randn_like(parameter) * 0.1 + (0.0 if parameter.ndim > 1 else 1.0))
     span, reference = copy.deepcopy(float_span), copy.deepcopy(float_span)
     for block, reference_block in zip(span.blocks, reference.blocks):
         floats = {name: module for name, module in block.named_modules() if isinstance(module, nn.Linear)}
@@ -185,11 +196,13 @@ def _quantized_span_and_hand_reference(kind: str) -> tuple[BlockSpan, BlockSpan,
     return span, reference, float_span
 
 
+@pytest.mark.parametrize("family", SPANS)
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_a_quantized_bloom_span_computes_the_hand_arithmetic_alone_batched_and_backward(kind):
-    span, reference, float_span = _quantized_span_and_hand_reference(kind)
+def test_a_quantized_span_computes_the_hand_arithmetic_alone_batched_and_backward(kind, family):
+    span, reference, float_span = _quantized_span_and_hand_reference(kind, family)
     layers = [module for module in span.modules() if isinstance(module, (nn.Linear, QuantizedLinear))]
-    assert len(layers) == 4 * span.num_blocks and all(isinstance(layer, QuantizedLinear) for layer in layers)
+    per_block = {"bloom": 4, "qwen3": 7}[family]  # fused qkv, dense, two MLP; q, k, v, o, gate, up, down
+    assert len(layers) == per_block * span.num_blocks and all(isinstance(layer, QuantizedLinear) for layer in layers)
     assert not span.use_batched_linears() and span.batched_linears is None  # its layers compute themselves
     torch.manual_seed(4)
     hidden = torch.randn(2, 5, BLOCK_CONFIG.hidden_size)

@@ -2,7 +2,11 @@ import dataclasses
 
 import pytest
 
-from bloompeer.p2p import MAX_PUSH_RTTS, ProtocolError, RequestLimits, ServerRecord, ServerState, block_key
+from bloompeer.blocks.quantized_linear import GROUP_SIZES, QUANT_KINDS
+from bloompeer.p2p import (
+    INT4_GROUP_SIZES, MAX_PUSH_RTTS, ProtocolError, RequestLimits, ServerRecord, ServerState, block_key,
+)
+from bloompeer.p2p import QUANT_KINDS as WIRE_QUANT_KINDS
 
 RECORD = ServerRecord(peer_id="12D3KooWabc", state=ServerState.ONLINE, start=0, end=4, throughput=12.5,
                       cache_tokens_left=4096, dtype="float32", version="0.1.0", weights_fingerprint="ab12",
@@ -31,6 +35,26 @@ def test_the_family_travels_and_records_before_the_field_read_as_bloom():
     wire = RECORD.to_wire()
     del wire["family"]
     assert ServerRecord.from_wire(wire).family == "bloom"
+
+
+def test_the_weight_storage_travels_and_records_before_the_fields_read_as_none():
+    int4 = dataclasses.replace(RECORD, quant="int4", quant_group_size=32)
+    assert ServerRecord.from_wire(int4.to_wire()) == int4 and int4.weight_storage == ("int4", 32)
+    int8 = dataclasses.replace(RECORD, quant="int8")
+    assert ServerRecord.from_wire(int8.to_wire()).weight_storage == ("int8", 0)
+    assert "quant" not in RECORD.to_wire() and "quant_group_size" not in RECORD.to_wire()  # as before the fields
+    assert ServerRecord.from_wire(RECORD.to_wire()).weight_storage == ("none", 0)
+    assert (WIRE_QUANT_KINDS, INT4_GROUP_SIZES) == (QUANT_KINDS, GROUP_SIZES)  # the wire's list is the kernels'
+
+
+@pytest.mark.parametrize("storage", [
+    {"quant": "int3"}, {"quant": 8}, {"quant": "int4"}, {"quant": "int4", "quant_group_size": 48},
+    {"quant": "int4", "quant_group_size": 64.0}, {"quant": "int8", "quant_group_size": 64},
+    {"quant": "none", "quant_group_size": 64}, {"quant_group_size": 64}, {"quant": "int4", "quant_group_size": True},
+])
+def test_malformed_weight_storage_is_refused(storage):
+    with pytest.raises(ProtocolError):
+        ServerRecord.from_wire({**RECORD.to_wire(), **storage})
 
 
 @pytest.mark.parametrize("push_rtts", [

@@ -1,3 +1,5 @@
+import dataclasses
+
 from bloompeer.p2p import RequestLimits, ServerRecord, ServerState
 from bloompeer.peer.client.errors import MissingBlocksError, block_ranges
 from bloompeer.peer.client.routing import (
@@ -56,6 +58,17 @@ def test_unusable_servers_are_dropped():
     records = [_record("a", 0, 2), _record("b", 2, 4, ServerState.DRAINING), _record("c", 2, 4, fingerprint="other")]
     servers = usable_servers(_by_block(records, 4), "f")
     assert missing_blocks(servers, 0, 4) == [2, 3]
+
+
+def test_servers_storing_weights_in_a_way_the_client_refuses_are_dropped():
+    records = [_record("float", 0, 4), dataclasses.replace(_record("int8", 0, 4), quant="int8"),
+               dataclasses.replace(_record("int4", 2, 4), quant="int4", quant_group_size=64)]
+    everyone = _by_block(records, 4)
+    assert usable_servers(everyone, "f") == everyone
+    only_float = usable_servers(everyone, "f", quant_allowed=("none",))
+    assert {r.peer_id for records in only_float.values() for r in records} == {"float"}
+    assert choose_route(usable_servers(everyone, "f", quant_allowed=("int4",)), 0, 4) is None
+    assert missing_blocks(usable_servers(everyone, "f", quant_allowed=("int8", "int4")), 0, 4) == []
 
 
 def test_missing_blocks_message_names_ranges():

@@ -2,10 +2,12 @@
 
 from bloompeer.p2p import RequestLimits, ServerRecord, ServerState
 from bloompeer.peer.cli.status_command import format_status
+from bloompeer.peer.swarm_status import status_data, weights_on_offer
 
 
-def _record(peer, start, end, state):
-    return ServerRecord(peer, state, start, end, 5.0, 100, "float32", "0", "f", False, RequestLimits(1, 1, 1))
+def _record(peer, start, end, state, **storage):
+    return ServerRecord(peer, state, start, end, 5.0, 100, "float32", "0", "f", False, RequestLimits(1, 1, 1),
+                        **storage)
 
 
 def test_a_moving_server_has_a_row_for_each_span():
@@ -17,6 +19,19 @@ def test_a_moving_server_has_a_row_for_each_span():
     table = format_status("m", 4, servers).splitlines()
     assert "  block    2  MISSING (…mmmmmmmm joining)" in table
     rows = [line.split() for line in table if line.startswith("  …")]
-    assert rows == [["…mmmmmmmm", "0:2", "draining", "5.0", "100", "direct"],
-                    ["…oooooooo", "0:2", "online", "5.0", "100", "direct"],
-                    ["…mmmmmmmm", "2:4", "joining", "5.0", "100", "direct"]]
+    assert rows == [["…mmmmmmmm", "0:2", "draining", "float32", "5.0", "100", "direct"],
+                    ["…oooooooo", "0:2", "online", "float32", "5.0", "100", "direct"],
+                    ["…mmmmmmmm", "2:4", "joining", "float32", "5.0", "100", "direct"]]
+
+
+def test_the_weights_column_says_how_each_server_stores_them():
+    records = [_record("Qm" + "a" * 44, 0, 4, ServerState.ONLINE),
+               _record("Qm" + "b" * 44, 0, 4, ServerState.ONLINE, quant="int8"),
+               _record("Qm" + "c" * 44, 0, 4, ServerState.ONLINE, quant="int4", quant_group_size=64),
+               _record("Qm" + "d" * 44, 0, 4, ServerState.JOINING, quant="int4", quant_group_size=32)]
+    servers = {i: records for i in range(4)}
+    rows = [line.split() for line in format_status("m", 4, servers).splitlines() if line.startswith("  …")]
+    assert [row[3] for row in rows] == ["float32", "int8", "int4/64", "int4/32"]
+    data = status_data("m", 4, servers)
+    assert [server["weights"] for server in data["blocks"][0]["servers"]] == ["float32", "int8", "int4/64", "int4/32"]
+    assert weights_on_offer(servers) == data["weights"] == ["float32", "int4/64", "int8"]  # online servers only

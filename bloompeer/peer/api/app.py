@@ -97,8 +97,8 @@ def create_app(state: ApiState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        missing = (await fetch_swarm_state(state.model))["missing"]
-        return model_list([(state.model_id, missing)], state.created)
+        swarm = await fetch_swarm_state(state.model)
+        return model_list([(state.model_id, swarm["missing"], swarm["weights"])], state.created)
 
     add_completion_routes(app, state)
     add_dashboard_routes(app, state)

@@ -181,12 +181,12 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def model_list(models: list[tuple[str, list[int]]], created: int) -> dict[str, Any]:
-    """models: (id, missing block indices) pairs."""
+def model_list(models: list[tuple[str, list[int], list[str]]], created: int) -> dict[str, Any]:
+    """models: (id, missing block indices, how online servers store the weights: swarm_status.weights_label)."""
     return {"object": "list", "data": [
         {"id": model_id, "object": "model", "created": created, "owned_by": "bloompeer",
-         "all_blocks_covered": not missing, "missing_blocks": missing}
-        for model_id, missing in models]}
+         "all_blocks_covered": not missing, "missing_blocks": missing, "weights": weights}
+        for model_id, missing, weights in models]}
 
 
 def response_object(response_id: str, object_name: str, model: str, choices: list[dict[str, Any]],

@@ -11,9 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
-    "block_range", "fraction", "model_argument", "non_negative_float", "port", "positive_float", "positive_int",
-    "probability",
+    "QUANT_KINDS", "block_range", "fraction", "model_argument", "non_negative_float", "port", "positive_float",
+    "positive_int",
+    "probability", "quant_kinds",
 ]
+
+QUANT_KINDS = ("none", "int8", "int4")  # how servers store weights (p2p/records.py validates them on the wire)
 
 
 def model_argument(text: str) -> str:
@@ -58,3 +61,12 @@ positive_float = _number(float, "a number", lambda value: value > 0, "more than 
 non_negative_float = _number(float, "a number", lambda value: value >= 0, "0 or more")
 port = _number(int, "a port number", lambda value: 0 <= value <= 65535, "a port number (0 to 65535)")
 probability = _number(float, "a number", lambda value: 0.0 < value <= 1.0, "more than 0 and at most 1")
+
+
+def quant_kinds(text: str) -> tuple[str, ...]:
+    """--quant-allowed none,int8: the weight formats a client accepts."""
+    kinds = tuple(dict.fromkeys(part.strip() for part in text.split(",")))
+    unknown = [kind for kind in kinds if kind not in QUANT_KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more of {','.join(QUANT_KINDS)}, comma-separated")
+    return kinds

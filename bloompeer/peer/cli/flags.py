@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from .arguments import block_range, fraction, model_argument, non_negative_float, port, positive_float, positive_int
+from .arguments import (
+    QUANT_KINDS, block_range, fraction, model_argument, non_negative_float, port, positive_float, positive_int,
+    quant_kinds,
+)
 from .default_model import DEMO_MODEL_DIR
 from .local_config import local_num_blocks
 
@@ -71,12 +74,23 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     add_model_flag(parser)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--blocks", type=block_range, metavar="A:B", help="serve blocks A..B-1, e.g. 0:8")
-    which.add_argument("--num-blocks", type=positive_int, metavar="K",
+    which.add_argument("--num-blocks", type=positive_int, metavar="K", nargs="?", const=0,
                        help="serve K consecutive blocks where the swarm is weakest, and move to others when the "
-                            "swarm needs them more (servers left or died): it looks every 10 s or so")
+                            "swarm needs them more (servers left or died): it looks every 10 s or so. Without K: "
+                            "as many blocks as the memory plan fits (counting --quant)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ... (default: cpu)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="compute and cache dtype (default: float32)")
+    parser.add_argument("--quant", default=defaults.quant, choices=["none", "int8", "int4"],
+                        help="store the blocks' linear weights as int8 (one scale per output channel, about 0.26x "
+                             "float32's bytes) or 4-bit (groups of --quant-group-size inputs, about 0.14x), quantized "
+                             "as each block loads and computed by PyTorch's weight-only kernels with bfloat16 inputs; "
+                             "faster decode steps, outputs close to float's but not equal (clients may refuse them "
+                             "with --quant-allowed). Norms, biases and the cache stay in --dtype (default: none)")
+    parser.add_argument("--quant-group-size", type=int, default=defaults.quant_group_size,
+                        choices=[32, 64, 128, 256], metavar="N",
+                        help=f"inputs per 4-bit group, one of 32, 64, 128, 256: smaller is closer to float and "
+                             f"a little larger ({defaults.quant_group_size})")
     group = parser.add_argument_group("capacity and limits (what one server gives its clients)")
     group.add_argument("--cache-tokens", type=positive_int, default=None, metavar="N",
                        help="attention cache for all sessions together, in tokens over the served blocks; a new "
@@ -135,7 +149,8 @@ def server_config(args: argparse.Namespace):
     return ServerConfig(
         model=args.model, start=start, end=end, num_blocks=args.num_blocks,
         network=network_config(args, relay_for_others=not args.no_relay),
-        device=args.device, dtype=args.dtype, cache_tokens=args.cache_tokens, session_timeout_s=args.session_timeout,
+        device=args.device, dtype=args.dtype, quant=args.quant, quant_group_size=args.quant_group_size,
+        cache_tokens=args.cache_tokens, session_timeout_s=args.session_timeout,
         max_batch_tokens=args.max_batch_tokens, max_batch_sessions=args.max_batch_sessions,
         max_step_tokens=args.max_step_tokens, max_length=args.max_length, max_batch=args.max_batch,
         max_sessions_per_peer=args.max_sessions_per_peer, max_frame_bytes=int(args.max_frame_mb * 2**20),
@@ -161,6 +176,9 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
                             "local checkpoint) and ban servers whose outputs disagree (0: off; 1: every step)")
     trust.add_argument("--trusted-servers", nargs="+", default=(), metavar="PEER_ID",
                        help="use only these servers (peer ids, as `bloompeer status` and the servers print them)")
+    trust.add_argument("--quant-allowed", type=quant_kinds, default=QUANT_KINDS, metavar="KINDS",
+                       help="use only servers storing their weights in one of these ways, comma-separated among "
+                            "none,int8,int4 (default: all); `none` alone for results as exact as float weights give")
     add_network_flags(parser, "/ip4/127.0.0.1/tcp/0")
 
 
@@ -170,7 +188,8 @@ def client_config(args: argparse.Namespace, peers: tuple[str, ...] | None = None
 
     return ClientConfig(network=network_config(args, client_mode=True, peers=peers),
                         missing_blocks_timeout_s=args.timeout, push=args.push,
-                        verify_fraction=args.verify_fraction, trusted_servers=tuple(args.trusted_servers))
+                        verify_fraction=args.verify_fraction, trusted_servers=tuple(args.trusted_servers),
+                        quant_allowed=args.quant_allowed)
 
 
 def add_api_access_flags(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import json
 from typing import TYPE_CHECKING
 
 from .flags import add_model_flag, add_network_flags, network_config
-from ..swarm_status import missing_blocks, status_data
+from ..swarm_status import missing_blocks, status_data, weights_label
 
 if TYPE_CHECKING:
     from ...p2p import ServerRecord
@@ -19,8 +19,8 @@ def add_parser(commands) -> None:
     status = commands.add_parser(
         "status", help="show which servers serve which blocks of a model",
         description="Read the swarm's DHT records for a model and print, for each block, the servers that announce "
-                    "it (short peer id, state, throughput, cache room, direct or relayed); blocks nobody serves are "
-                    "marked MISSING.")
+                    "it (short peer id, state, how it stores the weights, throughput, cache room, direct or "
+                    "relayed); blocks nobody serves are marked MISSING.")
     add_model_flag(status, "; only its config is read")
     status.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
     add_network_flags(status, "/ip4/127.0.0.1/tcp/0")
@@ -44,10 +44,12 @@ def format_status(model_uid: str, num_blocks: int, servers: dict[int, list[Serve
     # one row per server and span: a server moving to other blocks has records of both for a while
     by_span = {(r.peer_id, r.start, r.end): r for records in servers.values() for r in records}
     lines.append("")
-    lines.append(f"  {'server':<10} {'blocks':>9} {'state':<9} {'tokens/s/block':>14} {'cache room':>11} {'reach':<8}")
+    lines.append(f"  {'server':<10} {'blocks':>9} {'state':<9} {'weights':<8} {'tokens/s/block':>14} "
+                 f"{'cache room':>11} {'reach':<8}")
     for (peer_id, _, _), r in sorted(by_span.items(), key=lambda item: (item[1].start, item[0])):
         reach = "relayed" if r.relayed else "direct"
-        lines.append(f"  {_short(peer_id):<10} {f'{r.start}:{r.end}':>9} {r.state.value:<9} {r.throughput:>14.1f} "
+        lines.append(f"  {_short(peer_id):<10} {f'{r.start}:{r.end}':>9} {r.state.value:<9} {weights_label(r):<8} "
+                     f"{r.throughput:>14.1f} "
                      f"{r.cache_tokens_left:>11} {reach:<8}")
     return "\n".join(lines)
 

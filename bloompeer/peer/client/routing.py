@@ -88,12 +88,15 @@ def refusal_everywhere(servers: dict[int, list[ServerRecord]], start: int, end: 
 
 
 def usable_servers(servers: dict[int, list[ServerRecord]], fingerprint: str | None,
-                   trusted: Collection[str] = ()) -> dict[int, list[ServerRecord]]:
-    """Online servers with the client's weights (and among `trusted`, if given), per block."""
+                   trusted: Collection[str] = (), quant_allowed: Collection[str] | None = None,
+                   ) -> dict[int, list[ServerRecord]]:
+    """Online servers with the client's weights (among `trusted`, if given, and storing them in one of
+    the `quant_allowed` ways, if given), per block."""
     return {
         index: [r for r in records if r.state is ServerState.ONLINE
                 and (fingerprint is None or r.weights_fingerprint == fingerprint)
-                and (not trusted or r.peer_id in trusted)]
+                and (not trusted or r.peer_id in trusted)
+                and (quant_allowed is None or r.quant in quant_allowed)]
         for index, records in servers.items()
     }
 

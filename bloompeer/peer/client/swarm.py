@@ -38,11 +38,13 @@ class SwarmView:
 
     def __init__(self, p2p: P2P, directory: BlockDirectory, model_uid: str, num_blocks: int,
                  fingerprint: str | None, refresh_period_s: float = 10.0, ping_timeout_s: float = 2.0,
-                 trusted: Collection[str] = ()):
-        """trusted: if not empty, the only peer ids ever used (a private swarm)."""
+                 trusted: Collection[str] = (), quant_allowed: Collection[str] | None = None):
+        """trusted: if not empty, the only peer ids ever used (a private swarm); quant_allowed: if given,
+        only servers storing their weights in one of these ways are ever used (routes, replays, checks)."""
         self.p2p, self.directory, self.model_uid, self.num_blocks, self.fingerprint = (
             p2p, directory, model_uid, num_blocks, fingerprint)
         self.trusted = frozenset(trusted)
+        self.quant_allowed = None if quant_allowed is None else frozenset(quant_allowed)
         self.refresh_period_s, self.ping_timeout_s = refresh_period_s, ping_timeout_s
         self.servers: dict[int, list[ServerRecord]] = {}
         self.rtts_s: dict[str, float] = {}
@@ -52,7 +54,8 @@ class SwarmView:
 
     async def refresh(self) -> None:
         found = await self.directory.find_servers(self.model_uid, self.num_blocks)
-        self.servers, self._updated_at = usable_servers(found, self.fingerprint, self.trusted), time.monotonic()
+        self.servers = usable_servers(found, self.fingerprint, self.trusted, self.quant_allowed)
+        self._updated_at = time.monotonic()
         await self._ping_stale()
 
     async def _ping_stale(self) -> None:

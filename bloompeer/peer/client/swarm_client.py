@@ -79,7 +79,8 @@ class SwarmClient:
     def _joined(cls, runtime: ClientRuntime, node: PeerNode, checkpoint: Checkpoint, dtype: torch.dtype,
                 config: ClientConfig) -> SwarmClient:
         view = SwarmView(node.p2p, node.directory, checkpoint.model_uid, checkpoint.config().num_hidden_layers,
-                         checkpoint.fingerprint(), config.swarm_refresh_period_s, trusted=config.trusted_servers)
+                         checkpoint.fingerprint(), config.swarm_refresh_period_s, trusted=config.trusted_servers,
+                         quant_allowed=config.quant_allowed)
         verifier = None
         if config.verify_fraction > 0:
             local = LocalBlocks(checkpoint, dtype) if checkpoint.local_dir is not None else None

@@ -5,6 +5,10 @@ same blocks (or, where none exists and the span is small, on the client itself w
 checkpoint), compared with what the span's server returned for the new tokens. If they
 disagree, a third computation decides who is wrong; without one, neither is trusted. A server
 found wrong is banned for the rest of the session and its work is redone on another route.
+
+Only servers that store their weights the same way (none, int8, or int4 with the same group size)
+are compared: an int8 server's honest outputs differ from a float one's by far more than a lie's
+threshold allows for float32. The client's own recomputation quantizes its blocks the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Collection
 import torch
 
 from ...blocks import BlockSpan, Checkpoint
+from ...blocks.quantized_linear import DEFAULT_GROUP_SIZE, quantize_linears
 from ...p2p import P2P, RemoteError
 from .config import ClientConfig
 from .health import MISBEHAVIOR_BAN_S
@@ -38,10 +43,12 @@ def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
     return float((output.float() - reference).norm() / reference.norm().clamp_min(1e-12))
 
 
-def tolerance_for(dtype: torch.dtype) -> float:
+def tolerance_for(dtype: torch.dtype, quantized: bool = False) -> float:
     """How far an honest recomputation may drift: a full forward and a step-by-step decode round
-    differently, by far less than this in float32; half precisions drift more."""
-    return 1e-3 if dtype == torch.float32 else 3e-2
+    differently, by far less than this in float32; half precisions drift more, and so do quantized
+    weights, whose kernels round each layer's input and output to bfloat16 (a flipped rounding is
+    2^-8 of a value) and sum in an order that depends on the rows computed together."""
+    return 1e-3 if dtype == torch.float32 and not quantized else 3e-2
 
 
 class LocalBlocks:
@@ -49,15 +56,20 @@ class LocalBlocks:
 
     def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype):
         self.checkpoint, self.dtype = checkpoint, dtype
-        self._spans: dict[tuple[int, int], BlockSpan] = {}
+        self._spans: dict[tuple[int, int, tuple[str, int]], BlockSpan] = {}
 
     def forward(self, start: int, end: int, hidden: torch.Tensor, padding_mask: torch.Tensor | None,
-                prompts: torch.Tensor | None) -> torch.Tensor:
-        if (start, end) not in self._spans:
-            self._spans[start, end] = self.checkpoint.load_span(start, end, self.dtype)
+                prompts: torch.Tensor | None, storage: tuple[str, int] = ("none", 0)) -> torch.Tensor:
+        """storage: (quant, group size) as the checked server announces them; the blocks are quantized so."""
+        if (start, end, storage) not in self._spans:
+            quant, group_size = storage
+            hook = None if quant == "none" else lambda block: quantize_linears(block, quant,
+                                                                             group_size or DEFAULT_GROUP_SIZE)
+            self._spans[start, end, storage] = self.checkpoint.load_span(start, end, self.dtype, prepare_block=hook)
         prompts = None if prompts is None else prompts.to(self.dtype)
         with torch.inference_mode():
-            return self._spans[start, end](hidden.to(self.dtype), padding_mask, prompts=prompts).to(hidden.dtype)
+            return self._spans[start, end, storage](hidden.to(self.dtype), padding_mask,
+                                                    prompts=prompts).to(hidden.dtype)
 
 
 class OutputVerifier:
@@ -78,13 +90,14 @@ class OutputVerifier:
         Empty if the output checks out, or if nobody else can compute these blocks.
         """
         num_new, primary = output.shape[1], route.peer_id_str
-        opinion = functools.partial(self._opinion, route, inputs, padding_mask, prompts)
+        storage = self._storage_of(route)
+        opinion = functools.partial(self._opinion, route, inputs, padding_mask, prompts, storage)
         second = await opinion({primary})
         if second is None:
             logger.debug("No second opinion available for blocks %d:%d", route.start, route.end)
             return set()
         checker, checked = second[0], second[1][:, -num_new:]
-        tolerance = tolerance_for(output.dtype)
+        tolerance = tolerance_for(output.dtype, quantized=storage[0] != "none")
         error = relative_error(output, checked)
         if error <= tolerance:
             return set()
@@ -102,10 +115,21 @@ class OutputVerifier:
                                       f"(relative error {error:.3g})", duration_s=MISBEHAVIOR_BAN_S)
         return liars
 
+    def _storage_of(self, route: SpanRoute) -> tuple[str, int] | None:
+        """How the route's server stores its weights, as its record says (None: no record seen)."""
+        for record in self.swarm.servers.get(route.start, []):
+            if record.peer_id == route.peer_id_str:
+                return record.weight_storage
+        return None
+
     async def _opinion(self, route: SpanRoute, inputs: torch.Tensor, padding_mask: torch.Tensor | None,
-                       prompts: torch.Tensor | None, exclude: Collection[str]) -> tuple[str, torch.Tensor] | None:
-        """("peer id" or "local", output of blocks [start, end) for `inputs`), or None if nobody else can."""
-        for peer in self._servers_covering(route, exclude):
+                       prompts: torch.Tensor | None, storage: tuple[str, int] | None,
+                       exclude: Collection[str]) -> tuple[str, torch.Tensor] | None:
+        """("peer id" or "local", output of blocks [start, end) for `inputs` from weights stored as
+        `storage`), or None if nobody else can."""
+        if storage is None:
+            return None
+        for peer in self._servers_covering(route, exclude, storage):
             try:
                 piece = SpanRoute(peer, route.start, route.end)
                 return peer, await remote_forward(self.p2p, piece, self.swarm.model_uid, inputs, padding_mask,
@@ -114,14 +138,14 @@ class OutputVerifier:
                 logger.debug("Could not get a second opinion from %s: %s", peer, exc)
         if self.local is not None and "local" not in exclude and route.end - route.start <= LOCAL_MAX_BLOCKS:
             output = await asyncio.get_running_loop().run_in_executor(
-                None, self.local.forward, route.start, route.end, inputs, padding_mask, prompts)
+                None, self.local.forward, route.start, route.end, inputs, padding_mask, prompts, storage)
             return "local", output
         return None
 
-    def _servers_covering(self, route: SpanRoute, exclude: Collection[str]) -> list[str]:
-        """Servers announcing all of the route's blocks, nearest first."""
+    def _servers_covering(self, route: SpanRoute, exclude: Collection[str], storage: tuple[str, int]) -> list[str]:
+        """Servers announcing all of the route's blocks, storing their weights as `storage`, nearest first."""
         banned = self.swarm.bans.banned()
         peers = {r.peer_id for r in self.swarm.servers.get(route.start, [])
                  if r.start <= route.start and route.end <= r.end and r.peer_id not in exclude
-                 and r.peer_id not in banned}
+                 and r.peer_id not in banned and r.weight_storage == storage}
         return sorted(peers, key=lambda peer: self.swarm.rtts_s.get(peer, float("inf")))

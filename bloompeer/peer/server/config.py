@@ -14,10 +14,12 @@ class ServerConfig:
     model: str  # local checkpoint directory or hub name
     start: int | None  # first block served (None: choose num_blocks where the swarm is weakest)
     end: int | None  # one past the last block served
-    num_blocks: int | None = None  # how many blocks to choose when start and end are None
+    num_blocks: int | None = None  # how many blocks to choose when start and end are None (0: as many as memory fits)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     device: str = "cpu"
     dtype: str = "float32"  # compute and cache dtype: float32, bfloat16 or float16
+    quant: str = "none"  # how the blocks' linear weights are stored: none (in dtype), int8 or int4
+    quant_group_size: int = 64  # inputs per 4-bit group (blocks/quantized_linear.py DEFAULT_GROUP_SIZE; a test pins it)
     announce_period_s: float = 30.0  # how often the DHT record is refreshed; it expires after 3 periods
     cache_tokens: int | None = None  # KV cache of all sessions, in tokens over the whole span (None: from free memory)
     session_timeout_s: float = 300.0  # a session with no step for this long is closed

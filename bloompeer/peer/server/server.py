@@ -29,9 +29,11 @@ from .block_choice import Move, ServedSpan
 from .compute import ComputeWorker
 from .config import ServerConfig
 from .handlers import handle_forward_stream, handle_inference_stream, handle_info_stream, handle_push_stream
+from .memory_plan import MemoryPlan, plan_memory
 from .metrics import LiveState, MetricsEndpoint, ServerMetrics
 from .push import PushSender
 from .push_rtts import PushRtts
+from .quantization import WeightStorage
 from .reachability import join_network
 from .rebalancer import Rebalancer
 from .span_service import SpanService
@@ -81,11 +83,14 @@ class Server:
     request path has no way to reach into the lifecycle.
     """
 
-    def __init__(self, config: ServerConfig, checkpoint: Checkpoint, node: PeerNode, compute: ComputeWorker):
+    def __init__(self, config: ServerConfig, checkpoint: Checkpoint, node: PeerNode, compute: ComputeWorker,
+                 memory_plan: MemoryPlan):
         self.config, self.checkpoint, self.node, self.compute = config, checkpoint, node, compute
         self.model_uid = checkpoint.model_uid
         self.fingerprint = checkpoint.fingerprint()
         self.start, self.end = config.start, config.end
+        self.storage = WeightStorage(config.quant, config.quant_group_size)
+        self.memory_plan = memory_plan  # made before anything started: how many blocks, in what memory
         self.throughput = config.throughput or 0.0
         self.state = ServerState.JOINING
         self.service: SpanService | None = None  # the span served now (a retired one during a move)
@@ -109,16 +114,21 @@ class Server:
         if config.start is not None and not 0 <= config.start < config.end <= num_blocks:
             raise ValueError(f"--blocks {config.start}:{config.end} is not a range within {checkpoint.model_uid}'s "
                              f"{num_blocks} blocks (0:{num_blocks})")
-        if config.start is None and not 0 < config.num_blocks <= num_blocks:
+        if config.start is None and not 0 <= config.num_blocks <= num_blocks:
             raise ValueError(f"--num-blocks {config.num_blocks} is not between 1 and {checkpoint.model_uid}'s "
                              f"{num_blocks} blocks")
+        storage = WeightStorage(config.quant, config.quant_group_size)
+        storage.check(checkpoint)
+        wanted = config.end - config.start if config.start is not None else config.num_blocks or None
+        plan = plan_memory(config, checkpoint, wanted, storage)  # before the network: a refusal costs nothing
+        logger.info("Memory plan: %s", plan)
         joining = time.monotonic()
         if config.check_reachability:
             node, reachability, relayed = await join_network(config.network)
         else:
             node, relayed = await PeerNode.create(config.network, announcing=True), False
             reachability = "reachability: not checked (--no-reachability-check)"
-        server = cls(config, checkpoint, node, ComputeWorker(config.device))
+        server = cls(config, checkpoint, node, ComputeWorker(config.device), plan)
         server.reachability, server.relayed = reachability, relayed
         server.startup.add_network(joining, node.join_seconds, config.check_reachability)
         try:
@@ -138,7 +148,7 @@ class Server:
                                          self.node.peer_id_str, self.metrics, self.config.rebalance_period_s,
                                          self.config.move_delay_s)
             await asyncio.sleep(random.uniform(0, self.config.choice_delay_s))
-            self.start, self.end = await self.rebalancer.choose(self.config.num_blocks, self.config.throughput)
+            self.start, self.end = await self.rebalancer.choose(self.memory_plan.num_blocks, self.config.throughput)
             logger.info("Chose blocks %d:%d, where the swarm is weakest", self.start, self.end)
         # from now on other servers looking for gaps ask us what we serve (loading: joining)
         await self._serve(INFO_PROTOCOL, functools.partial(handle_info_stream, self.info, self.metrics))
@@ -195,7 +205,7 @@ class Server:
         """Load blocks [start, end) in the compute thread (the loop, and the DHT node, stay responsive)
         while announcing them as joining, which costs no time."""
         load = functools.partial(self.checkpoint.load_span, self.start, self.end, getattr(torch, self.config.dtype),
-                                 self.config.device)
+                                 self.config.device, self.storage.block_hook())
         span, _ = await asyncio.gather(self.compute.run(load), self.announce())
         return span
 
@@ -204,6 +214,8 @@ class Server:
         estimate is only for this run."""
         config, dtype = self.config, getattr(torch, self.config.dtype)
         key = f"{self.fingerprint}|{config.device}|{config.dtype}|{torch.__version__}"
+        if self.storage.kind != "none":
+            key += f"|{self.storage.kind}|{self.storage.announced_group_size}"
         steps = QUICK_STEPS if config.quick_throughput else MEASURE_STEPS
 
         def measure() -> float:
@@ -265,6 +277,7 @@ class Server:
             dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint, relayed=self.relayed,
             limits=RequestLimits(self.config.max_batch, self.config.max_length, self.config.max_step_tokens),
             push_rtts_s=self.push_rtts.announced(), family=self.checkpoint.family.name,
+            quant=self.storage.kind, quant_group_size=self.storage.announced_group_size,
         )
 
     async def announce(self, record: ServerRecord | None = None, blocks: list[int] | None = None) -> bool:

@@ -52,6 +52,7 @@ function drawServers(state) {
       id,
       element("td", `${record.start}:${record.end}`, "number"),
       element("td", record.state, `state-${record.state}`),
+      element("td", record.weights),
       element("td", record.throughput.toFixed(1), "number"),
       element("td", String(record.cache_tokens_left), "number"),
       element("td", record.relayed ? "relayed" : "direct"),
