@@ -53,6 +53,12 @@ class _Daemon(P2P):
     def with_flags(cls, **flags) -> type[_Daemon]:
         return type("Daemon", (cls,), {"extra_flags": flags})
 
+    @classmethod
+    async def is_identity_taken(cls, identity_path: str, **kwargs) -> bool:
+        """hivemind asks a throwaway daemon, started through `cls`: a plain one here, since ours
+        with static relays (-relayDiscovery=0) and none named would refuse to start."""
+        return await P2P.is_identity_taken(identity_path, **{**kwargs, "use_auto_relay": False})
+
 
 async def start_daemon(initial_peers: Sequence[str], host_maddrs: Sequence[str], announce_maddrs: Sequence[str],
                        identity_path: str | None, dht_client: bool, relay_for_others: bool,

@@ -12,11 +12,14 @@ from enum import Enum
 from typing import Any
 
 from .errors import ProtocolError
+from .maddrs import check_circuit_maddr, check_peer_maddr, peer_id_in
 
-__all__ = ["MAX_PUSH_RTTS", "MAX_RTT_S", "RequestLimits", "ServerState", "ServerRecord", "block_key"]
+__all__ = ["MAX_PUSH_RTTS", "MAX_RELAY_MADDRS", "MAX_RTT_S", "RequestLimits", "ServerState", "ServerRecord",
+           "block_key"]
 
 MAX_PUSH_RTTS = 16  # servers a record may name round trips to (its nearest possible next hops)
 MAX_RTT_S = 60.0
+MAX_RELAY_MADDRS = 4  # addresses in relay_maddrs, and relays in via_relays
 
 
 class ServerState(str, Enum):
@@ -68,11 +71,17 @@ class ServerRecord:
     # the model family its blocks compute as (blocks/families.py: "bloom", "llama"); records of
     # versions before the field were all BLOOM's
     family: str = "bloom"
+    # this server relays for peers behind NAT: the addresses (ending /p2p/<its id>) they reserve on
+    relay_maddrs: tuple[str, ...] = ()
+    # this server is behind NAT: the relays' circuit addresses it is reached through now
+    via_relays: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
-        wire = {**asdict(self), "state": self.state.value, "push_rtts_s": dict(self.push_rtts_s)}
-        if not self.push_rtts_s:
-            del wire["push_rtts_s"]
+        wire = {**asdict(self), "state": self.state.value, "push_rtts_s": dict(self.push_rtts_s),
+                "relay_maddrs": list(self.relay_maddrs), "via_relays": list(self.via_relays)}
+        for optional in _OPTIONAL_FIELDS - {"family"}:  # left out when empty: reads as before the fields
+            if not wire[optional]:
+                del wire[optional]
         return wire
 
     def push_rtt_s(self, peer_id: str) -> float | None:
@@ -82,8 +91,8 @@ class ServerRecord:
     @classmethod
     def from_wire(cls, value: Any) -> ServerRecord:
         if not isinstance(value, dict) or not _REQUIRED_FIELDS <= set(value) <= _RECORD_FIELDS:
-            raise ProtocolError("a server record is a map with the fields of ServerRecord (push_rtts_s and family "
-                                "optional)")
+            raise ProtocolError(f"a server record is a map with the fields of ServerRecord "
+                                f"({', '.join(sorted(_OPTIONAL_FIELDS))} optional)")
         checks = {
             "peer_id": lambda v: isinstance(v, str) and 0 < len(v) <= 128,
             "state": lambda v: isinstance(v, str) and v in _STATES,
@@ -103,7 +112,26 @@ class ServerRecord:
                 raise ProtocolError(f"server record: bad {name} {str(value[name])[:40]!r}")
         return cls(**{**value, "state": ServerState(value["state"]), "throughput": float(value["throughput"]),
                       "limits": RequestLimits.from_wire(value["limits"]),
-                      "push_rtts_s": _push_rtts_from_wire(value.get("push_rtts_s", {}))})
+                      "push_rtts_s": _push_rtts_from_wire(value.get("push_rtts_s", {})),
+                      "relay_maddrs": _maddrs_from_wire(value.get("relay_maddrs", []), "relay_maddrs",
+                                                        lambda m: _own_maddr(m, value["peer_id"])),
+                      "via_relays": _maddrs_from_wire(value.get("via_relays", []), "via_relays",
+                                                      check_circuit_maddr)})
+
+
+def _own_maddr(maddr: object, peer_id: str) -> str:
+    if peer_id_in(check_peer_maddr(maddr)) != peer_id:
+        raise ProtocolError("server record: relay_maddrs must be the server's own addresses")
+    return maddr
+
+
+def _maddrs_from_wire(value: Any, name: str, check) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > MAX_RELAY_MADDRS:
+        raise ProtocolError(f"server record: {name} must be a list of at most {MAX_RELAY_MADDRS} multiaddrs")
+    try:
+        return tuple(check(maddr) for maddr in value)
+    except ProtocolError as exc:
+        raise ProtocolError(f"server record: bad {name}: {exc}") from None
 
 
 def _push_rtts_from_wire(value: Any) -> tuple[tuple[str, float], ...]:
@@ -116,6 +144,7 @@ def _push_rtts_from_wire(value: Any) -> tuple[tuple[str, float], ...]:
 
 
 _RECORD_FIELDS = frozenset(ServerRecord.__dataclass_fields__)
-_REQUIRED_FIELDS = _RECORD_FIELDS - {"push_rtts_s", "family"}
+_OPTIONAL_FIELDS = frozenset({"push_rtts_s", "family", "relay_maddrs", "via_relays"})
+_REQUIRED_FIELDS = _RECORD_FIELDS - _OPTIONAL_FIELDS
 _LIMIT_FIELDS = frozenset(RequestLimits.__dataclass_fields__)
 _STATES = frozenset(state.value for state in ServerState)
