@@ -39,6 +39,7 @@ RELAY_START_ATTEMPTS = 3
 SELF_CHECK_BYTES = 512 << 10  # more than go-libp2p's default limit of 128 KiB
 SELF_CHECK_OPEN_S = 10.0
 _SELF_CHECK_PROTOCOL = "bloompeer.relay-check/1"
+LOOPBACK_IPS = ("/ip4/127.0.0.1/", "/ip6/::1/")
 
 
 class _Daemon(P2P):
@@ -121,7 +122,7 @@ async def _open_when_routable(behind: P2P, hidden: PeerID):
 
 async def _relays_large_streams(relay: P2P) -> bool:
     """Send more than libp2p's default relay limit through `relay`, between two throwaway peers."""
-    loopback = [str(a) for a in await relay.get_visible_maddrs() if "/127.0.0.1/" in str(a)]
+    loopback = [str(a) for a in await relay.get_visible_maddrs() if any(ip in str(a) for ip in LOOPBACK_IPS)]
     if not loopback:
         logger.warning("The relay has no loopback address to check itself through; not checked")
         return True

@@ -136,7 +136,12 @@ class PeerNode:
             logger.debug("The daemon was gone before our last word to the network: %r", exc)
 
     async def visible_maddrs(self) -> list[str]:
-        return [str(maddr) for maddr in await self.p2p.get_visible_maddrs()]
+        """The addresses the daemon tells others now (asked afresh: a peer behind NAT gets its
+        relays' circuit addresses only once it holds reservations); none yet: []."""
+        try:
+            return [str(maddr) for maddr in await self.p2p.get_visible_maddrs(latest=True)]
+        except ValueError:  # hivemind's "No multiaddrs found"
+            return []
 
     async def shutdown(self) -> None:
         """Stop the DHT node, then the daemon. Idempotent, and bounded in time: hivemind's DHT

@@ -1,17 +1,18 @@
-"""A client that generates greedily through the swarm, pausing once mid-way for the test to act.
+"""A client that generates greedily through the swarm, optionally pausing once for the test to act.
 
 Run inside a namespace by the NAT tests:
-    python paused_client.py CHECKPOINT BOOTSTRAP_MADDR NEW_TOKENS PAUSE_AT GO_FILE [HOST_MADDR ...]
-It prints `paused <route>` at its PAUSE_AT-th token and waits until GO_FILE exists (the test kills
-a relay meanwhile; PAUSE_AT 0: no pause), then prints one JSON line: the new tokens, the sessions it replayed, how long
-each token took, and the addresses its daemon is connected to each server at.
+    python paused_client.py CHECKPOINT INITIAL_PEER... [--runs N] [--pause-at K --go-file F] [--host-maddrs M...]
+It generates N times. With --pause-at, it prints `paused <route>` at the K-th token of the first
+run and waits until F exists (the test kills a relay meanwhile). At the end it prints one JSON
+line: per run, the new tokens, how long each token took and the addresses its daemon is then
+connected to each peer at; the sessions it replayed; its own addresses.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 
@@ -35,7 +36,7 @@ class _Replays(logging.Handler):
 class _PauseAndTime(LogitsProcessor):
     """Called once per new token, in generate's loop: times the tokens, and pauses at one."""
 
-    def __init__(self, model, pause_at: int, go_file: Path):
+    def __init__(self, model, pause_at: int, go_file: Path | None):
         self.model, self.pause_at, self.go_file = model, pause_at, go_file
         self.calls, self.times = 0, [time.monotonic()]
 
@@ -50,6 +51,10 @@ class _PauseAndTime(LogitsProcessor):
         self.times.append(time.monotonic())
         return scores
 
+    @property
+    def step_s(self) -> list[float]:
+        return [later - earlier for earlier, later in zip(self.times, self.times[1:])]
+
 
 async def _connections(p2p) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
@@ -59,23 +64,33 @@ async def _connections(p2p) -> dict[str, list[str]]:
 
 
 def main() -> None:
-    checkpoint, bootstrap, new_tokens, pause_at, go_file, *host_maddrs = sys.argv[1:]
+    parser = argparse.ArgumentParser()
+    parser.add_argument("checkpoint")
+    parser.add_argument("initial_peers", nargs="+")
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--pause-at", type=int, default=0)
+    parser.add_argument("--go-file", type=Path)
+    parser.add_argument("--host-maddrs", nargs="+", default=None)
+    args = parser.parse_args()
     replays = _Replays()
     logging.getLogger("bloompeer").addHandler(replays)
     logging.getLogger("bloompeer").setLevel(logging.INFO)
-    network = NetworkConfig(initial_peers=(bootstrap,), client_mode=True,
-                            **({"host_maddrs": tuple(host_maddrs)} if host_maddrs else {}))
+    network = NetworkConfig(initial_peers=tuple(args.initial_peers), client_mode=True,
+                            **({"host_maddrs": tuple(args.host_maddrs)} if args.host_maddrs else {}))
     config = ClientConfig(network, request_timeout_s=3.0, swarm_refresh_period_s=1.0, poll_period_s=0.5)
-    model = DistributedBloomForCausalLM.from_pretrained(checkpoint, client_config=config)
-    timer = _PauseAndTime(model, int(pause_at), Path(go_file))
-    with torch.inference_mode():
-        tokens = model.generate(PROMPT, max_new_tokens=int(new_tokens), min_new_tokens=int(new_tokens),
-                                do_sample=False, logits_processor=LogitsProcessorList([timer]))
+    model = DistributedBloomForCausalLM.from_pretrained(args.checkpoint, client_config=config)
     client = model.remote.client
-    connections = client.runtime.run(_connections(client.node.p2p))
-    steps = [later - earlier for earlier, later in zip(timer.times, timer.times[1:])]
-    print(json.dumps({"tokens": tokens[0, PROMPT.shape[1]:].tolist(), "replays": replays.count,
-                      "step_s": steps, "connections": connections}), flush=True)
+    runs = []
+    for run in range(args.runs):
+        timer = _PauseAndTime(model, args.pause_at if run == 0 else 0, args.go_file)
+        with torch.inference_mode():
+            tokens = model.generate(PROMPT, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                                    do_sample=False, logits_processor=LogitsProcessorList([timer]))
+        runs.append({"tokens": tokens[0, PROMPT.shape[1]:].tolist(), "step_s": timer.step_s,
+                     "connections": client.runtime.run(_connections(client.node.p2p))})
+    own = client.runtime.run(client.node.visible_maddrs())
+    print(json.dumps({"runs": runs, "replays": replays.count, "own_maddrs": own}), flush=True)
 
 
 if __name__ == "__main__":

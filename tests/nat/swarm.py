@@ -62,8 +62,9 @@ class NamespacedPeers:
     def __init__(self, topology: NatTopology, log_dir: Path):
         self.topology, self.log_dir, self.processes = topology, log_dir, []
 
-    def start(self, name: str, role: str, *args: str, program=BLOOMPEER) -> PeerProcess:
-        process = PeerProcess(name, args, self.log_dir, program=[*self.topology.exec_prefix(role), *program])
+    def start(self, name: str, role: str, *args: str, program=BLOOMPEER, env: dict[str, str] | None = None
+              ) -> PeerProcess:
+        process = PeerProcess(name, args, self.log_dir, env, program=[*self.topology.exec_prefix(role), *program])
         self.processes.append(process)
         return process
 

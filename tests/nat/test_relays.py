@@ -70,8 +70,8 @@ def test_the_server_behind_nat_reserves_on_two_relays_found_on_the_dht(swarm):
 def test_a_lost_relay_is_replaced_while_a_client_generates(swarm, checkpoint, tmp_path):
     topology, peers, bootstrap_maddr, relays, behind_nat = swarm
     go_file = tmp_path / "go"
-    client = peers.start("client", "home-b", str(checkpoint), bootstrap_maddr, str(NEW_TOKENS), str(PAUSE_AT),
-                         str(go_file), program=PAUSED_CLIENT)
+    client = peers.start("client", "home-b", str(checkpoint), bootstrap_maddr, "--new-tokens", str(NEW_TOKENS),
+                         "--pause-at", str(PAUSE_AT), "--go-file", str(go_file), program=PAUSED_CLIENT)
     route = client.wait_for_line("paused", deadline(180))
     assert behind_nat.peer_id_str in route
     used = [relay for relay in relays if relay.peer_id_str in _reachability(behind_nat)]
@@ -82,13 +82,14 @@ def test_a_lost_relay_is_replaced_while_a_client_generates(swarm, checkpoint, tm
     reachable_again_s = time.monotonic() - killed_at
     resume(go_file)
     result = client_result(client)
+    run = result["runs"][0]
     print(f"{line}\nrelay killed -> announced through another: {reachable_again_s:.2f} s; "
           f"client replays: {result['replays']}")
     assert victim.peer_id_str[-8:] in line
     spare = next(relay for relay in relays if relay not in used)
     assert spare.peer_id_str in line and used[1].peer_id_str in line  # the survivor, and the one it had not used
-    assert result["tokens"] == reference_tokens(checkpoint, PROMPT, NEW_TOKENS)
+    assert run["tokens"] == reference_tokens(checkpoint, PROMPT, NEW_TOKENS)
     assert result["replays"] >= 1  # its session with the server behind NAT ended with the old daemon
-    via = result["connections"].get(behind_nat.peer_id_str, [])
+    via = run["connections"].get(behind_nat.peer_id_str, [])
     assert via and all("/p2p-circuit" in m and victim.peer_id_str not in m for m in via), via
     assert re.search(r"announced again in \d+\.\d\d s", line)
