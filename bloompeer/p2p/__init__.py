@@ -61,6 +61,7 @@ _LAZY = {
     "StepOutput": ".messages",
     "StreamHandler": ".streams",
     "WIRE_DTYPES": ".tensors",
+    "announceable": ".relays",
     "block_key": ".records",
     "decode_message": ".messages",
     "dtype_name": ".tensors",

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from hivemind.p2p import P2P
 
-from .maddrs import peer_id_in
-from .records import ServerRecord, ServerState
+from .errors import ProtocolError
+from .maddrs import check_circuit_maddr, check_peer_maddr, peer_id_in
+from .records import MAX_RELAY_MADDRS, ServerRecord, ServerState
 
-__all__ = ["RELAY_SLOTS", "RelaySlots", "relays_in_records"]
+__all__ = ["RELAY_SLOTS", "RelaySlots", "announceable", "relays_in_records"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,18 @@ def relays_in_records(records: Iterable[ServerRecord], exclude: Iterable[str] = 
     return relays
 
 
+def announceable(maddrs: Iterable[str], check=check_peer_maddr) -> tuple[str, ...]:
+    """The first MAX_RELAY_MADDRS of `maddrs` that records may carry (peers refuse a record with
+    any other, so one odd address, say an initial peer's, must not make the whole record void)."""
+    kept = []
+    for maddr in maddrs:
+        try:
+            kept.append(check(maddr))
+        except ProtocolError:
+            logger.debug("Not announcing %r: records cannot carry it", maddr)
+    return tuple(kept[:MAX_RELAY_MADDRS])
+
+
 @dataclass(frozen=True)
 class RelaySlots:
     """The relays (multiaddrs ending /p2p/<relay id>) one daemon holds reservations on."""
@@ -52,6 +65,15 @@ class RelaySlots:
     @property
     def circuit_maddrs(self) -> tuple[str, ...]:
         return tuple(f"{relay}/p2p-circuit" for relay in self.relays)
+
+    def announced(self) -> tuple[str, ...]:
+        """The circuit addresses our records carry (`via_relays`)."""
+        return announceable(self.circuit_maddrs, check_circuit_maddr)
+
+    @classmethod
+    def of(cls, maddrs: Iterable[str]) -> RelaySlots:
+        """Relays from multiaddrs that name their peer (/p2p/<id>); others cannot be reserved on."""
+        return cls(tuple(maddr for maddr in maddrs if "/p2p/" in maddr))
 
     def peer_ids(self) -> list[str]:
         return [peer_id_in(relay) for relay in self.relays]

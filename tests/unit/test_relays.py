@@ -2,7 +2,9 @@
 
 import dataclasses
 
-from bloompeer.p2p import RELAY_SLOTS, RelaySlots, RequestLimits, ServerRecord, ServerState, relays_in_records
+from bloompeer.p2p import (
+    RELAY_SLOTS, RelaySlots, RequestLimits, ServerRecord, ServerState, announceable, relays_in_records,
+)
 
 IDS = [f"12D3KooW{chr(65 + i) * 44}" for i in range(5)]  # base58, distinct
 
@@ -32,3 +34,10 @@ def test_a_lost_relay_is_replaced_and_the_survivor_kept():
     after = slots.replaced([IDS[0]], [_maddr(0), _maddr(1), _maddr(2), _maddr(3)])
     assert after.relays == (_maddr(1), _maddr(2)) and len(after.relays) == RELAY_SLOTS
     assert slots.replaced([IDS[0], IDS[1]], []).relays == ()  # nothing offered: nothing left
+
+
+def test_only_addresses_records_may_carry_are_announced():
+    odd = f"/ip4/203.0.113.9/tcp/1/ws/p2p/{IDS[1]}"  # websockets: peers would refuse the record
+    assert RelaySlots.of([_maddr(0), "/ip4/203.0.113.9/tcp/1", odd]).announced() == (
+        f"{_maddr(0)}/p2p-circuit",)  # the one without a peer id is no relay at all
+    assert announceable([_maddr(i) for i in range(5)] + [odd]) == tuple(_maddr(i) for i in range(4))

@@ -62,7 +62,7 @@ async def join_network(network: NetworkConfig, find_relays: FindRelays) -> Joine
                       reachable=tuple(f"{m}/p2p/{node.peer_id_str}" for m in reachable))
     if helper is None:
         return Joined(node, "reachability: unknown (no peer answered the check); serving on the addresses above")
-    slots = RelaySlots(tuple(offered[:RELAY_SLOTS]) or tuple(network.initial_peers))
+    slots = RelaySlots.of(offered[:RELAY_SLOTS] or network.initial_peers)
     logger.info("%s could not dial any of %s; restarting behind relays %s", helper, own, list(slots.relays))
     node = await node.rejoin(behind_relays(network, slots))
     source = "found on the DHT" if offered else "(the initial peers)"

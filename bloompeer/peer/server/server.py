@@ -22,7 +22,8 @@ from ..._version import __version__
 from ...blocks import BlockSpan, Checkpoint, open_checkpoint
 from ...p2p import (
     BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, PeerNode, RelaySlots,
-    ServerInfo, RequestLimits, ServerRecord, ServerState, get_dht_time, relays_in_records, serve, stop_serving,
+    ServerInfo, RequestLimits, ServerRecord, ServerState, announceable, get_dht_time, relays_in_records, serve,
+    stop_serving,
 )
 from .backend import SpanBackend
 from .block_choice import Move, ServedSpan
@@ -288,8 +289,8 @@ class Server:
             peer_id=self.node.peer_id_str, state=self.state, start=self.start, end=self.end,
             throughput=self.throughput, cache_tokens_left=self.service.budget.tokens_left if self.service else 0,
             dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint,
-            relayed=self.relays is not None, relay_maddrs=self.relay_maddrs,
-            via_relays=self.relays.circuit_maddrs if self.relays is not None else (),
+            relayed=self.relays is not None, relay_maddrs=announceable(self.relay_maddrs),
+            via_relays=self.relays.announced() if self.relays is not None else (),
             limits=RequestLimits(self.config.max_batch, self.config.max_length, self.config.max_step_tokens),
             push_rtts_s=self.push_rtts.announced(), family=self.checkpoint.family.name,
         )
