@@ -1,14 +1,16 @@
-"""A server's memory stays bounded over many sessions: after 200 sessions opened, stepped and closed
+"""A server's memory stays bounded over many sessions: after 250 sessions opened, stepped and closed
 (by the client, by a disconnect, by the idle timeout), its RSS is within a stated bound of its RSS
-after the first 10, and its whole cache budget is free again.
+after the first 50, and its whole cache budget is free again.
 
 The sessions are driven by a light client speaking the wire protocol (no model, no LM head), ten at
 a time, so the peak number of open sessions, and with it what the allocator keeps, is the same in
 both phases. Each session reserves 1 MiB of cache (4 blocks x keys and values x 512 positions x
-hidden 64 x float32), all of it written by torch.zeros. The bound, 24 MiB, is about twice what the
-allocator was seen to keep in fragments (RSS after 10, 50, 100 ... 500 sessions: 415.7, 426.3,
-422.5, 423.3, 422.6, 424.0, 426.9 MiB): each of the three ways a session ends is a quarter of the
-190 later sessions, so a leak on any one of them (47 MiB) fails the test.
+hidden 64 x float32), all of it written by torch.zeros. The first 50 sessions are the warm-up: a
+server's RSS rises while the allocator's arenas and the first passes' buffers settle (after 10, 50,
+100, 150 ... 400 sessions: 333.1, 349.8, 348.3, 354.5, 349.6, 352.2, 355.4, 356.2 MiB; before the
+batched linears' kernels were built at load, oneDNN's kernel per row count added up to 147 MiB more
+on the way). The bound, 24 MiB, is about three times what it then moves: each of the three ways a
+session ends is a quarter of the 200 later sessions, so a leak on any one of them (50 MiB) fails.
 """
 
 import asyncio
@@ -19,10 +21,11 @@ import torch
 from bloompeer.p2p import INFERENCE_PROTOCOL, CloseSession, OpenSession, Step, read_frame, write_frame
 from tests.wire import raw_stream, server_info
 
-FIRST, TOTAL, AT_ONCE = 10, 200, 10
+FIRST, TOTAL, AT_ONCE = 50, 250, 10
 MAX_LENGTH, PROMPT, STEPS = 512, 8, 3
-RSS_BOUND_MIB = 24  # allowed growth from after 10 sessions to after 200 (a leaked session holds 1 MiB)
+RSS_BOUND_MIB = 24  # allowed growth from after FIRST sessions to after TOTAL (a leaked session holds 1 MiB)
 HIDDEN = 64
+ENDINGS = ("timeout", "disconnect", "close", "close")  # session i ends the (i mod 4)th way
 
 
 def rss_mib(pid: int) -> float:
@@ -60,7 +63,7 @@ async def _one_session(node, server, model_uid: str, index: int) -> str:
             reply = await asyncio.wait_for(read_frame(reader), 30)
             assert reply["type"] == "output" and reply["step_id"] == step_id, reply
             position += num_new
-        ending = ("timeout", "disconnect", "close", "close")[index % 4]
+        ending = ENDINGS[index % len(ENDINGS)]
         if ending == "close":
             await write_frame(writer, CloseSession().to_wire())
         elif ending == "timeout":  # stay connected, silent: the server ends the stream after its timeout
@@ -85,7 +88,7 @@ async def _sessions(node, server, model_uid: str, indices) -> list[str]:
     return await asyncio.gather(*(limited(index) for index in indices))
 
 
-async def test_rss_after_200_sessions_stays_near_rss_after_10(node, start_servers, fresh_model):
+async def test_rss_after_250_sessions_stays_near_rss_after_50(node, start_servers, fresh_model):
     cache_tokens = AT_ONCE * MAX_LENGTH  # room for exactly AT_ONCE sessions: opens also wait for room
     (server,) = start_servers([(0, 4)], "--session-timeout", "1", "--cache-tokens", str(cache_tokens),
                               "--max-sessions-per-peer", str(2 * AT_ONCE), "--max-length", str(MAX_LENGTH))
@@ -96,7 +99,7 @@ async def test_rss_after_200_sessions_stays_near_rss_after_10(node, start_server
     endings += await _sessions(node, server, fresh_model.name, itertools.islice(indices, TOTAL - FIRST))
     await _until_all_freed(node, server, cache_tokens)
     after_all = rss_mib(server.pid)
-    assert len(endings) == TOTAL and {endings.count(kind) for kind in ("timeout", "disconnect")} == {TOTAL // 4}
+    assert sorted(endings) == sorted(ENDINGS[index % len(ENDINGS)] for index in range(TOTAL))
     print(f"server RSS after {FIRST} sessions: {after_first:.1f} MiB, after {TOTAL}: {after_all:.1f} MiB "
           f"({after_all - after_first:+.1f} MiB)")
     assert after_all - after_first <= RSS_BOUND_MIB, (

@@ -89,10 +89,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                             f"longer prompts run in chunks ({defaults.max_batch_tokens})")
     group.add_argument("--max-batch-sessions", type=positive_int, default=None, metavar="N",
                        help="at most N sessions' steps share one pass (default: as many as fit in "
-                            "--max-batch-tokens); 1 turns batching across sessions off. With batching, a float32 "
-                            "server on the CPU keeps its weights twice, the second copy laid out for a faster "
-                            "kernel in batched passes (1.5 to 1.8x their steps/s at 8 sessions on 2 cores); 1 saves "
-                            "that memory")
+                            "--max-batch-tokens); 1 turns batching across sessions off (batched passes use the same "
+                            "weights, no copy)")
     group.add_argument("--max-step-tokens", type=positive_int, default=defaults.max_step_tokens, metavar="N",
                        help=f"rows (batch x tokens) one request may send ({defaults.max_step_tokens})")
     group.add_argument("--max-batch", type=positive_int, default=defaults.max_batch, metavar="N",
