@@ -1,8 +1,9 @@
 """Hole punching: a relayed connection between peers behind NAT becomes direct (root only).
 
-    public:  four `bloompeer dht` peers (boot, p1, p2, p3): observers of the others' addresses;
-             boot is also the relay (the others run with --no-relay, which saves their start a relay
-             self-check)
+    public:  four `bloompeer dht` peers (boot, p1, p2, p3): relays (the servers' initial peers),
+             and observers of the others' addresses. p1..p3 run with --no-relay, which saves their
+             start the relay self-check; their daemons still relay, with libp2p's default limits
+             (128 KiB and 2 min per connection), enough for this tiny model
     home-a:  a server of block 0:1 behind router-a;  home-b: a server of block 1:2 behind router-b
     home-c:  the clients, behind router-c
 

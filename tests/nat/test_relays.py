@@ -1,7 +1,7 @@
 """A server behind NAT finds its relays on the DHT, and outlives the one it loses (root only).
 
-    public:  a bootstrap peer that does NOT relay (--no-relay), and three directly reachable
-             servers of block 0:1, each a relay that says so in its records
+    public:  a bootstrap peer started with --no-relay (it offers no relay), and three directly
+             reachable servers of block 0:1, each a relay that says so in its records
     home-a:  a server of block 1:2 behind router-a; its only initial peer is the bootstrap
     home-b:  the client, behind router-b
 
