@@ -2,7 +2,10 @@
 
 Run inside a namespace by the NAT tests:
     python paused_client.py CHECKPOINT INITIAL_PEER... [--runs N] [--pause-at K --go-file F] [--host-maddrs M...]
-It generates N times. With --pause-at, it prints `paused <route>` at the K-th token of the first
+It generates N times. With --wait-holepunch it first waits until its daemon serves hole punching
+(libp2p starts it once four peers have observed one public address of ours, and checks for that
+on a backoff of 0.25 to 5 s; its log says when: run with GOLOG_LOG_LEVEL=p2p-holepunch=debug).
+With --pause-at, it prints `paused <route>` at the K-th token of the first
 run and waits until F exists (the test kills a relay meanwhile). At the end it prints one JSON
 line: per run, the new tokens, how long each token took and the addresses its daemon is then
 connected to each peer at; the sessions it replayed; its own addresses.
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +26,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from bloompeer import ClientConfig, DistributedBloomForCausalLM, NetworkConfig
 
 PROMPT = torch.tensor([[1, 30, 31, 32, 33]])
+HOLEPUNCH_WAIT_S = 60.0
 
 
 class _Replays(logging.Handler):
@@ -31,6 +36,18 @@ class _Replays(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.count += record.getMessage().startswith("Replaying")
+
+
+class _HolePunchReady(logging.Handler):
+    """Set once the daemon's log says its hole punching service started."""
+
+    def __init__(self):
+        super().__init__()
+        self.ready = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "Starting holepunch protocol" in record.getMessage():
+            self.ready.set()
 
 
 class _PauseAndTime(LogitsProcessor):
@@ -72,15 +89,21 @@ def main() -> None:
     parser.add_argument("--pause-at", type=int, default=0)
     parser.add_argument("--go-file", type=Path)
     parser.add_argument("--host-maddrs", nargs="+", default=None)
+    parser.add_argument("--wait-holepunch", action="store_true")
     args = parser.parse_args()
-    replays = _Replays()
+    replays, holepunch = _Replays(), _HolePunchReady()
     logging.getLogger("bloompeer").addHandler(replays)
     logging.getLogger("bloompeer").setLevel(logging.INFO)
+    daemon_log = logging.getLogger("hivemind.p2p.p2p_daemon")  # p2pd's own lines come through it, at DEBUG
+    daemon_log.addHandler(holepunch)
+    daemon_log.setLevel(logging.DEBUG)
     network = NetworkConfig(initial_peers=tuple(args.initial_peers), client_mode=True,
                             **({"host_maddrs": tuple(args.host_maddrs)} if args.host_maddrs else {}))
     config = ClientConfig(network, request_timeout_s=3.0, swarm_refresh_period_s=1.0, poll_period_s=0.5)
     model = DistributedBloomForCausalLM.from_pretrained(args.checkpoint, client_config=config)
     client = model.remote.client
+    if args.wait_holepunch and not holepunch.ready.wait(HOLEPUNCH_WAIT_S):
+        raise SystemExit(f"the daemon did not start hole punching within {HOLEPUNCH_WAIT_S:.0f} s")
     runs = []
     for run in range(args.runs):
         timer = _PauseAndTime(model, args.pause_at if run == 0 else 0, args.go_file)

@@ -11,7 +11,9 @@ The routers masquerade and drop unsolicited packets; nobody forwards a port. A c
 twice. Its first sessions open through relays (nothing else reaches a home); meanwhile libp2p's
 DCUtR (hole punching, on in hivemind's daemon with AutoNAT) has each server and the client dial
 each other at the same moment, which each router takes for the reply to its own side's dial. The
-second run's sessions open on the direct connections.
+second run's sessions open on the direct connections. The client first waits until its daemon
+serves hole punching: libp2p tries once per relayed connection, and a client that reaches a server
+before then keeps that connection relayed (seen here when it came a few seconds after the start).
 
 libp2p punches only between peers that each have a *public* address observed by several peers
 (go-libp2p's identify and holepunch services, with go-multiaddr's manet.IsPublicAddr):
@@ -78,8 +80,9 @@ def ipv6(checkpoint, tmp_path_factory):
     other: one listening on [::] (port 0), one on the default 127.0.0.1."""
     for topology, peers, public, servers in _swarm("ip6", checkpoint, tmp_path_factory.mktemp("holepunch-ip6")):
         common = [str(checkpoint), *public, "--runs", "2", "--new-tokens", str(NEW_TOKENS)]
-        results = {"listening": client_result(peers.start("client", "home-c", *common, "--host-maddrs",
-                                                          "/ip6/::/tcp/0", program=PAUSED_CLIENT)),
+        listening = ["--host-maddrs", "/ip6/::/tcp/0", "--wait-holepunch"]
+        results = {"listening": client_result(peers.start("client", "home-c", *common, *listening,
+                                                          program=PAUSED_CLIENT, env=GO_LOGS)),
                    "loopback": client_result(peers.start("client-loopback", "home-c", *common,
                                                          program=PAUSED_CLIENT))}
         yield topology, servers, results
