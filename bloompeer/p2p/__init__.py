@@ -73,6 +73,7 @@ _LAZY = {
     "relays_in_records": ".relays",
     "remote_error": ".errors",
     "request_once": ".streams",
+    "second_chance": ".holepunch",
     "serve": ".streams",
     "stop_serving": ".streams",
     "tensor_from_wire": ".tensors",
