@@ -39,6 +39,7 @@ RELAY_START_ATTEMPTS = 3
 SELF_CHECK_BYTES = 512 << 10  # more than go-libp2p's default limit of 128 KiB
 SELF_CHECK_OPEN_S = 10.0
 _SELF_CHECK_PROTOCOL = "bloompeer.relay-check/1"
+LOOPBACK_IPS = ("/ip4/127.0.0.1/", "/ip6/::1/")
 
 
 class _Daemon(P2P):
@@ -53,32 +54,41 @@ class _Daemon(P2P):
     def with_flags(cls, **flags) -> type[_Daemon]:
         return type("Daemon", (cls,), {"extra_flags": flags})
 
+    @classmethod
+    async def is_identity_taken(cls, identity_path: str, **kwargs) -> bool:
+        """hivemind asks a throwaway daemon, started through `cls`: a plain one here, since ours
+        with static relays (-relayDiscovery=0) and none named would refuse to start."""
+        return await P2P.is_identity_taken(identity_path, **{**kwargs, "use_auto_relay": False})
+
 
 async def start_daemon(initial_peers: Sequence[str], host_maddrs: Sequence[str], announce_maddrs: Sequence[str],
                        identity_path: str | None, dht_client: bool, relay_for_others: bool,
-                       relays: Sequence[str]) -> P2P:
-    """relay_for_others: be a relay (forced publicly reachable); relays: we are behind NAT, reached through these."""
+                       relays: Sequence[str], check_identity: bool = True) -> tuple[P2P, bool]:
+    """(the daemon, whether it relays for others). relay_for_others: be a relay (forced publicly
+    reachable), unless its self-check keeps failing; relays: we are behind NAT, reached through
+    these (a reservation on each: libp2p's static relays); check_identity: make sure no live peer
+    uses identity_path's key (skipped when we just stopped the daemon that used it)."""
     common = dict(initial_peers=list(initial_peers), host_maddrs=list(host_maddrs), identity_path=identity_path,
-                  dht_mode="client" if dht_client else "server")
+                  dht_mode="client" if dht_client else "server", check_if_identity_free=check_identity)
     if relays:
         daemon = _Daemon.with_flags(relayDiscovery=0)
         return await daemon.create(**common, use_auto_relay=True, trusted_relays=list(relays),
                                    force_reachability="private",
-                                   announce_maddrs=[f"{relay}/p2p-circuit" for relay in relays])
+                                   announce_maddrs=[f"{relay}/p2p-circuit" for relay in relays]), False
     if not relay_for_others:
-        return await P2P.create(**common, announce_maddrs=list(announce_maddrs) or None)
+        return await P2P.create(**common, announce_maddrs=list(announce_maddrs) or None), False
     daemon = _Daemon.with_flags(relayDataLimit=RELAY_DATA_LIMIT, relayTimeLimit=RELAY_TIME_LIMIT)
     for attempt in range(1, RELAY_START_ATTEMPTS + 1):
         with _go_single_thread():
             p2p = await daemon.create(**common, announce_maddrs=list(announce_maddrs) or None,
                                       force_reachability="public")
         if await _relays_large_streams(p2p):
-            return p2p
+            return p2p, True
         logger.warning("The relay service came up with libp2p's default limits (attempt %d of %d); restarting",
                        attempt, RELAY_START_ATTEMPTS)
         await p2p.shutdown()
     logger.warning("Could not start a relay with bloompeer's limits; not relaying for peers behind NAT")
-    return await P2P.create(**common, announce_maddrs=list(announce_maddrs) or None)
+    return await P2P.create(**common, announce_maddrs=list(announce_maddrs) or None), False
 
 
 @contextlib.contextmanager
@@ -112,7 +122,7 @@ async def _open_when_routable(behind: P2P, hidden: PeerID):
 
 async def _relays_large_streams(relay: P2P) -> bool:
     """Send more than libp2p's default relay limit through `relay`, between two throwaway peers."""
-    loopback = [str(a) for a in await relay.get_visible_maddrs() if "/127.0.0.1/" in str(a)]
+    loopback = [str(a) for a in await relay.get_visible_maddrs() if any(ip in str(a) for ip in LOOPBACK_IPS)]
     if not loopback:
         logger.warning("The relay has no loopback address to check itself through; not checked")
         return True

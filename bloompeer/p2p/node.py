@@ -8,6 +8,7 @@ and no extra process is left behind if this one dies.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import tempfile
@@ -36,23 +37,53 @@ class NetworkError(BloompeerError):
 
 
 class PeerNode:
-    def __init__(self, p2p: P2P, dht: DHTNode, directory: BlockDirectory):
+    def __init__(self, p2p: P2P, dht: DHTNode, directory: BlockDirectory, relaying: bool = False):
         self.p2p, self.dht, self.directory = p2p, dht, directory
+        self.relaying = relaying  # the daemon relays for peers behind NAT
         self.join_seconds: dict[str, float] = {}  # how long each step of create() took, for startup logs
+        self.identity_path: str | None = None
+        self._temporary_identity: tempfile.TemporaryDirectory | None = None  # removed at shutdown
         self._closed = False
 
     @classmethod
     async def create(cls, config: NetworkConfig, announcing: bool = False) -> PeerNode:
         """Start the daemon and join the DHT. A peer that announces records (a server) gets an RSA
-        identity, from config.identity_path or a new one for this run, and signs with it."""
-        identity_path, temporary = config.identity_path, None
-        if announcing and identity_path is None:
+        identity, from config.identity_path or a new one for this process's life, and signs with it."""
+        temporary = None
+        if announcing and config.identity_path is None:
             temporary = tempfile.TemporaryDirectory(prefix="bloompeer-identity-")
-            identity_path = os.path.join(temporary.name, "identity.key")  # created by P2P.create
+            config = dataclasses.replace(config, identity_path=os.path.join(temporary.name, "identity.key"))
+        try:
+            node = await cls._start(config, announcing, check_identity=True)
+        except BaseException:
+            if temporary is not None:
+                temporary.cleanup()
+            raise
+        node._temporary_identity = temporary
+        return node
+
+    async def rejoin(self, config: NetworkConfig) -> PeerNode:
+        """This peer, with the same identity, on a new daemon started with `config` (e.g. other
+        relays): this node shuts down first (its connections and streams end), then the new one
+        starts. Raises NetworkError if it cannot; this node is shut down either way."""
+        temporary, self._temporary_identity = self._temporary_identity, None
+        config = dataclasses.replace(config, identity_path=self.identity_path)
+        await self.shutdown()
+        try:
+            node = await self._start(config, announcing=self.identity_path is not None, check_identity=False)
+        except BaseException:
+            self._temporary_identity = temporary  # kept for another try; removed by this node's shutdown
+            raise
+        node._temporary_identity = temporary
+        return node
+
+    @classmethod
+    async def _start(cls, config: NetworkConfig, announcing: bool, check_identity: bool) -> PeerNode:
         started = time.monotonic()
         try:
-            p2p = await start_daemon(config.initial_peers, config.host_maddrs, config.announce_maddrs, identity_path,
-                                     config.client_mode, config.relay_for_others, config.relays)
+            p2p, relaying = await start_daemon(config.initial_peers, config.host_maddrs, config.announce_maddrs,
+                                               config.identity_path, config.client_mode, config.relay_for_others,
+                                               config.relays, check_identity)
         except P2PDaemonError as exc:
             raise NetworkError(f"could not start the libp2p daemon: {exc}") from exc
         except (ValueError, RuntimeError) as exc:
@@ -61,7 +92,7 @@ class PeerNode:
         try:
             if not config.client_mode:
                 await serve_dialback(p2p)
-            signing_key = load_rsa_identity(identity_path) if announcing else None
+            signing_key = load_rsa_identity(config.identity_path) if announcing else None
             validator, subkey = make_record_validator(signing_key)
             dht = await DHTNode.create(
                 p2p=p2p, initial_peers=list(config.initial_peers), client_mode=config.client_mode,
@@ -74,10 +105,8 @@ class PeerNode:
             if isinstance(exc, Exception):
                 raise NetworkError(f"could not join the DHT through {list(config.initial_peers)}: {exc}") from exc
             raise
-        finally:
-            if temporary is not None:
-                temporary.cleanup()
-        node = cls(p2p, dht, BlockDirectory(dht, subkey, config.dht_timeout_s))
+        node = cls(p2p, dht, BlockDirectory(dht, subkey, config.dht_timeout_s), relaying)
+        node.identity_path = config.identity_path
         node.join_seconds = {"libp2p daemon": daemon_up - started, "DHT": time.monotonic() - daemon_up}
         return node
 
@@ -107,13 +136,19 @@ class PeerNode:
             logger.debug("The daemon was gone before our last word to the network: %r", exc)
 
     async def visible_maddrs(self) -> list[str]:
-        return [str(maddr) for maddr in await self.p2p.get_visible_maddrs()]
+        """The addresses the daemon tells others now (asked afresh: a peer behind NAT gets its
+        relays' circuit addresses only once it holds reservations); none yet: []."""
+        try:
+            return [str(maddr) for maddr in await self.p2p.get_visible_maddrs(latest=True)]
+        except ValueError:  # hivemind's "No multiaddrs found"
+            return []
 
     async def shutdown(self) -> None:
         """Stop the DHT node, then the daemon. Idempotent, and bounded in time: hivemind's DHT
         shutdown talks to the daemon and would wait forever for one that already died (as it does
         when a whole process group gets SIGTERM)."""
         if self._closed:
+            self._remove_temporary_identity()
             return
         self._closed = True
         try:
@@ -123,3 +158,9 @@ class PeerNode:
             logger.warning("The DHT node did not stop within %.0f s; stopping the daemon anyway", SHUTDOWN_TIMEOUT_S)
         finally:
             await self.p2p.shutdown()
+            self._remove_temporary_identity()
+
+    def _remove_temporary_identity(self) -> None:
+        if self._temporary_identity is not None:
+            self._temporary_identity.cleanup()
+            self._temporary_identity = None

@@ -12,14 +12,16 @@ from enum import Enum
 from typing import Any
 
 from .errors import ProtocolError
+from .maddrs import check_circuit_maddr, check_peer_maddr, peer_id_in
 
 __all__ = [
-    "INT4_GROUP_SIZES", "MAX_PUSH_RTTS", "MAX_RTT_S", "QUANT_KINDS", "RequestLimits", "ServerState", "ServerRecord",
-    "block_key",
+    "INT4_GROUP_SIZES", "MAX_PUSH_RTTS", "MAX_RELAY_MADDRS", "MAX_RTT_S", "QUANT_KINDS", "RequestLimits",
+    "ServerState", "ServerRecord", "block_key",
 ]
 
 MAX_PUSH_RTTS = 16  # servers a record may name round trips to (its nearest possible next hops)
 MAX_RTT_S = 60.0
+MAX_RELAY_MADDRS = 4  # addresses in relay_maddrs, and relays in via_relays
 # How a server may store its linear weights, and the 4-bit group sizes: those of
 # blocks/quantized_linear.py (the kernels'), which p2p does not import; tests/unit/test_records.py pins them
 QUANT_KINDS = ("none", "int8", "int4")
@@ -80,6 +82,10 @@ class ServerRecord:
     # fields stored none; both are left out on the wire for none, so they read the same
     quant: str = "none"
     quant_group_size: int = 0
+    # this server relays for peers behind NAT: the addresses (ending /p2p/<its id>) they reserve on
+    relay_maddrs: tuple[str, ...] = ()
+    # this server is behind NAT: the relays' circuit addresses it is reached through now
+    via_relays: tuple[str, ...] = ()
 
     @property
     def weight_storage(self) -> tuple[str, int]:
@@ -87,9 +93,11 @@ class ServerRecord:
         return self.quant, self.quant_group_size
 
     def to_wire(self) -> dict[str, Any]:
-        wire = {**asdict(self), "state": self.state.value, "push_rtts_s": dict(self.push_rtts_s)}
-        if not self.push_rtts_s:
-            del wire["push_rtts_s"]
+        wire = {**asdict(self), "state": self.state.value, "push_rtts_s": dict(self.push_rtts_s),
+                "relay_maddrs": list(self.relay_maddrs), "via_relays": list(self.via_relays)}
+        for optional in ("push_rtts_s", "relay_maddrs", "via_relays"):  # left out when empty: reads as before them
+            if not wire[optional]:
+                del wire[optional]
         if self.quant == "none":
             del wire["quant"], wire["quant_group_size"]
         return wire
@@ -101,8 +109,8 @@ class ServerRecord:
     @classmethod
     def from_wire(cls, value: Any) -> ServerRecord:
         if not isinstance(value, dict) or not _REQUIRED_FIELDS <= set(value) <= _RECORD_FIELDS:
-            raise ProtocolError("a server record is a map with the fields of ServerRecord (push_rtts_s, family, "
-                                "quant and quant_group_size optional)")
+            raise ProtocolError(f"a server record is a map with the fields of ServerRecord "
+                                f"({', '.join(sorted(_OPTIONAL_FIELDS))} optional)")
         checks = {
             "peer_id": lambda v: isinstance(v, str) and 0 < len(v) <= 128,
             "state": lambda v: isinstance(v, str) and v in _STATES,
@@ -125,7 +133,26 @@ class ServerRecord:
                 raise ProtocolError(f"server record: bad {name} {str(value[name])[:40]!r}")
         return cls(**{**value, "state": ServerState(value["state"]), "throughput": float(value["throughput"]),
                       "limits": RequestLimits.from_wire(value["limits"]),
-                      "push_rtts_s": _push_rtts_from_wire(value.get("push_rtts_s", {}))})
+                      "push_rtts_s": _push_rtts_from_wire(value.get("push_rtts_s", {})),
+                      "relay_maddrs": _maddrs_from_wire(value.get("relay_maddrs", []), "relay_maddrs",
+                                                        lambda m: _own_maddr(m, value["peer_id"])),
+                      "via_relays": _maddrs_from_wire(value.get("via_relays", []), "via_relays",
+                                                      check_circuit_maddr)})
+
+
+def _own_maddr(maddr: object, peer_id: str) -> str:
+    if peer_id_in(check_peer_maddr(maddr)) != peer_id:
+        raise ProtocolError("server record: relay_maddrs must be the server's own addresses")
+    return maddr
+
+
+def _maddrs_from_wire(value: Any, name: str, check) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > MAX_RELAY_MADDRS:
+        raise ProtocolError(f"server record: {name} must be a list of at most {MAX_RELAY_MADDRS} multiaddrs")
+    try:
+        return tuple(check(maddr) for maddr in value)
+    except ProtocolError as exc:
+        raise ProtocolError(f"server record: bad {name}: {exc}") from None
 
 
 def _push_rtts_from_wire(value: Any) -> tuple[tuple[str, float], ...]:
@@ -138,6 +165,7 @@ def _push_rtts_from_wire(value: Any) -> tuple[tuple[str, float], ...]:
 
 
 _RECORD_FIELDS = frozenset(ServerRecord.__dataclass_fields__)
-_REQUIRED_FIELDS = _RECORD_FIELDS - {"push_rtts_s", "family", "quant", "quant_group_size"}
+_OPTIONAL_FIELDS = frozenset({"push_rtts_s", "family", "quant", "quant_group_size", "relay_maddrs", "via_relays"})
+_REQUIRED_FIELDS = _RECORD_FIELDS - _OPTIONAL_FIELDS
 _LIMIT_FIELDS = frozenset(RequestLimits.__dataclass_fields__)
 _STATES = frozenset(state.value for state in ServerState)

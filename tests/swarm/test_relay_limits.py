@@ -16,8 +16,9 @@ async def _start_relay(**flags):
 
 
 async def test_a_relay_with_bloompeers_limits_carries_more_than_libp2ps_default():
-    relay = await daemon.start_daemon([], LOOPBACK, [], None, False, True, ())
+    relay, relaying = await daemon.start_daemon([], LOOPBACK, [], None, False, True, ())
     try:
+        assert relaying
         assert await daemon._relays_large_streams(relay)  # start_daemon checked it too; check once more
     finally:
         await relay.shutdown()
@@ -37,8 +38,9 @@ async def test_a_peer_whose_relay_keeps_failing_the_check_runs_without_relaying(
 
     monkeypatch.setattr(daemon, "_relays_large_streams", always_fails)
     with caplog.at_level(logging.WARNING, logger=daemon.__name__):
-        p2p = await daemon.start_daemon([], LOOPBACK, [], None, False, True, ())
+        p2p, relaying = await daemon.start_daemon([], LOOPBACK, [], None, False, True, ())
     try:
+        assert not relaying
         assert await p2p.get_visible_maddrs()  # a working daemon all the same
         assert "not relaying for peers behind NAT" in caplog.text
     finally:

@@ -82,3 +82,37 @@ def test_missing_field_is_refused():
     del wire["dtype"]
     with pytest.raises(ProtocolError):
         ServerRecord.from_wire(wire)
+
+
+SERVER_ID = "12D3KooWMeD1uz7bKumjkShHmtsRLmd95WnuArwVvTgmC4cdxWaD"
+RELAY_ID = "QmNLei78zWmzUdbeRB3CiUfAizWUrbeeZh5K1rhAQKCh51"
+RELAY_MADDR = f"/ip4/203.0.113.5/tcp/31337/p2p/{RELAY_ID}"
+
+
+def test_relay_addresses_travel_and_records_before_the_fields_read_as_none():
+    relay = dataclasses.replace(RECORD, peer_id=SERVER_ID, relay_maddrs=(
+        f"/ip4/203.0.113.7/tcp/31338/p2p/{SERVER_ID}", f"/ip6/3fff:99::7/udp/31338/quic-v1/p2p/{SERVER_ID}"))
+    assert ServerRecord.from_wire(relay.to_wire()) == relay
+    relayed = dataclasses.replace(RECORD, relayed=True, via_relays=(f"{RELAY_MADDR}/p2p-circuit",))
+    assert ServerRecord.from_wire(relayed.to_wire()) == relayed
+    assert not {"relay_maddrs", "via_relays"} & set(RECORD.to_wire())  # as versions before the fields wrote it
+    assert ServerRecord.from_wire(RECORD.to_wire()).relay_maddrs == ()
+
+
+@pytest.mark.parametrize("change", [
+    {"relay_maddrs": f"/ip4/203.0.113.7/tcp/1/p2p/{SERVER_ID}"},  # not a list
+    {"relay_maddrs": [RELAY_MADDR]},  # another peer's address
+    {"relay_maddrs": [f"/ip4/203.0.113.7/tcp/1/p2p/{SERVER_ID}"] * 5},  # too many
+    {"relay_maddrs": [f"/ip4/203.0.113.7/tcp/1/p2p/{SERVER_ID}/p2p-circuit"]},
+    {"relay_maddrs": [f"/ip4/203.0.113.999/tcp/1/p2p/{SERVER_ID}"]},
+    {"relay_maddrs": [f"/ip4/203.0.113.7/tcp/70000/p2p/{SERVER_ID}"]},
+    {"relay_maddrs": [f"/ip4/203.0.113.7/udp/1/p2p/{SERVER_ID}"]},  # UDP that is not QUIC
+    {"relay_maddrs": [f"/unix/tmp/x/p2p/{SERVER_ID}"]}, {"relay_maddrs": [f"/dns/a;rm -rf/tcp/1/p2p/{SERVER_ID}"]},
+    {"relay_maddrs": ["/ip4/203.0.113.7/tcp/1/p2p/" + "1" * 300]}, {"relay_maddrs": [3]},
+    {"via_relays": [RELAY_MADDR]},  # not a circuit address
+    {"via_relays": [f"/ip4/1.2.3.4/tcp/1/p2p-circuit"]}, {"via_relays": [f"{RELAY_MADDR}/p2p-circuit"] * 5},
+    {"via_relays": [f"{RELAY_MADDR}/p2p/{SERVER_ID}/p2p-circuit"]},
+])
+def test_malformed_relay_addresses_are_refused(change):
+    with pytest.raises(ProtocolError):
+        ServerRecord.from_wire({**dataclasses.replace(RECORD, peer_id=SERVER_ID).to_wire(), **change})

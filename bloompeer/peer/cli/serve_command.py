@@ -49,6 +49,7 @@ async def _run(args: argparse.Namespace) -> int:
             print(f"metrics: {server.metrics_endpoint.url}", flush=True)
         print(_online_line(server), flush=True)
         server.on_move = functools.partial(_print_move, server)
+        server.on_relays = functools.partial(print, flush=True)  # "relays: ... left; reserved on ..."
         stopping, failing = asyncio.ensure_future(stop.wait()), asyncio.ensure_future(server.failed.wait())
         await asyncio.wait([stopping, failing], return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()

@@ -12,7 +12,7 @@ import torch
 from ...p2p import (
     BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, P2P, BackwardRequest, CloseSession, ErrorCode,
     ForwardRequest, Gradients, OpenSession, PeerMisbehavedError, PeerStream, SessionReady, Step, StepOutput,
-    request_once,
+    request_once, second_chance,
 )
 from .routing import SpanRoute
 
@@ -37,6 +37,7 @@ class SpanInferenceSession:
     async def open(cls, p2p: P2P, route: SpanRoute, model_uid: str, batch: int, max_length: int,
                    timeout_s: float, alloc_timeout_s: float) -> SpanInferenceSession:
         """Open the stream and reserve the cache; the server may wait up to `alloc_timeout_s` for room."""
+        await second_chance(p2p, route.peer_id_str)  # a relayed connection made before we could be punched
         stream = await PeerStream.open(p2p, route.peer_id_str, INFERENCE_PROTOCOL, timeout_s, _about(route))
         try:
             request = OpenSession(model_uid, route.start, route.end, batch, max_length, alloc_timeout_s)

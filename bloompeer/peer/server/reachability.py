@@ -3,7 +3,7 @@ through relays (a server behind NAT without a forwarded port).
 
 The server starts as a relay for others (unless --no-relay) and stays one if it is directly
 reachable: any peer that names it in --initial-peers can then be reached through it. Its initial
-peers are also its relays if it turns out to be unreachable.
+peers are also its relays if it turns out to be unreachable and the swarm's records offer none.
 
 A server that cannot be dialed does not host DHT keys for others (it joins the DHT as a client)
 and announces its relay (circuit) addresses; its records say `relayed`, so routing prefers
@@ -14,41 +14,60 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-from ...p2p import NetworkConfig, PeerNode, reachable_maddrs
+from ...p2p import RELAY_SLOTS, NetworkConfig, PeerNode, RelaySlots, reachable_maddrs
 
-__all__ = ["join_network"]
+__all__ = ["Joined", "behind_relays", "join_network"]
 
 logger = logging.getLogger(__name__)
+
+FindRelays = Callable[[PeerNode], Awaitable[list[str]]]  # relay multiaddrs the swarm's records offer
+
+
+@dataclass
+class Joined:
+    node: PeerNode
+    line: str  # the reachability line to print
+    relays: RelaySlots | None = None  # reached through these (None: directly, or not known)
+    reachable: tuple[str, ...] = ()  # our addresses a peer could dial (with /p2p/<id>): where we relay
 
 
 def _without_peer_id(maddr: str) -> str:
     return maddr.rsplit("/p2p/", 1)[0]
 
 
-async def join_network(network: NetworkConfig) -> tuple[PeerNode, str, bool]:
-    """(the node, the reachability line to print, whether it is reached through relays)."""
+def behind_relays(network: NetworkConfig, slots: RelaySlots) -> NetworkConfig:
+    """A server behind NAT: reached through `slots`, hosting no DHT keys (nobody could dial it)."""
+    return dataclasses.replace(network, relays=slots.relays, client_mode=True, relay_for_others=False)
+
+
+async def join_network(network: NetworkConfig, find_relays: FindRelays) -> Joined:
+    """Join directly if a peer can dial us back, else through relays: those the swarm's records
+    offer (RELAY_SLOTS of them), or if it offers none, our initial peers."""
     node = await PeerNode.create(network, announcing=True)
     if not network.initial_peers:
-        return node, "reachability: not checked (no other peer to ask; this is the first peer)", False
+        return Joined(node, "reachability: not checked (no other peer to ask; this is the first peer)")
     own = [_without_peer_id(m) for m in await node.visible_maddrs() if "p2p-circuit" not in m]
     helpers = [m.rsplit("/p2p/", 1)[1] for m in network.initial_peers if "/p2p/" in m]
     try:
         reachable, helper = await reachable_maddrs(node.p2p, helpers, own)
+        offered = await find_relays(node) if not reachable and helper is not None else []
     except BaseException:
         await node.shutdown()
         raise
     if reachable:
-        return node, f"reachability: directly reachable at {', '.join(reachable)}", False
+        return Joined(node, f"reachability: directly reachable at {', '.join(reachable)}",
+                      reachable=tuple(f"{m}/p2p/{node.peer_id_str}" for m in reachable))
     if helper is None:
-        return node, "reachability: unknown (no peer answered the check); serving on the addresses above", False
-    logger.info("%s could not dial any of %s; restarting behind relays", helper, own)
-    await node.shutdown()
-    relays = tuple(network.initial_peers)
-    behind_nat = dataclasses.replace(network, relays=relays, client_mode=True, relay_for_others=False)
-    node = await PeerNode.create(behind_nat, announcing=True)
+        return Joined(node, "reachability: unknown (no peer answered the check); serving on the addresses above")
+    slots = RelaySlots.of(offered[:RELAY_SLOTS] or network.initial_peers)
+    logger.info("%s could not dial any of %s; restarting behind relays %s", helper, own, list(slots.relays))
+    node = await node.rejoin(behind_relays(network, slots))
+    source = "found on the DHT" if offered else "(the initial peers)"
     line = (f"reachability: NOT directly reachable (peer {helper[-8:]} could not connect to {', '.join(own)}); "
-            f"serving through relay {relays[0]}. Clients still reach this server, a little slower. To be reached "
-            f"directly, forward a TCP port on your router to this machine and restart with "
-            f"--host-maddrs /ip4/0.0.0.0/tcp/PORT --announce-maddrs /ip4/YOUR_PUBLIC_IP/tcp/PORT")
-    return node, line, True
+            f"serving through relays {source} {', '.join(slots.relays)}. Clients still reach this server, a "
+            f"little slower. To be reached directly, forward a TCP port on your router to this machine and restart "
+            f"with --host-maddrs /ip4/0.0.0.0/tcp/PORT --announce-maddrs /ip4/YOUR_PUBLIC_IP/tcp/PORT")
+    return Joined(node, line, relays=slots)

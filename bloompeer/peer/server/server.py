@@ -14,15 +14,16 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from ..._version import __version__
 from ...blocks import BlockSpan, Checkpoint, open_checkpoint
 from ...p2p import (
-    BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, PeerNode, ServerInfo,
-    RequestLimits, ServerRecord, ServerState, get_dht_time, serve, stop_serving,
+    BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, PeerNode, RelaySlots,
+    ServerInfo, RequestLimits, ServerRecord, ServerState, announceable, get_dht_time, relays_in_records, serve,
+    stop_serving,
 )
 from .backend import SpanBackend
 from .block_choice import Move, ServedSpan
@@ -34,8 +35,9 @@ from .metrics import LiveState, MetricsEndpoint, ServerMetrics
 from .push import PushSender
 from .push_rtts import PushRtts
 from .quantization import WeightStorage
-from .reachability import join_network
+from .reachability import Joined, behind_relays, join_network
 from .rebalancer import Rebalancer
+from .relay_keeper import RelayKeeper
 from .span_service import SpanService
 from .throughput import MEASURE_STEPS, QUICK_STEPS, cached_throughput, measure_throughput
 
@@ -99,11 +101,14 @@ class Server:
         self.push_rtts = PushRtts(node.p2p, node.peer_id_str)
         self.metrics = ServerMetrics()
         self.metrics_endpoint: MetricsEndpoint | None = None  # with --metrics-port
-        self.reachability, self.relayed = "reachability: not checked", False
+        self.reachability = "reachability: not checked"
+        self.relays: RelaySlots | None = None  # behind NAT: reached through these relays
+        self.relay_maddrs: tuple[str, ...] = ()  # where peers behind NAT reserve on us (we relay and are reachable)
         self.on_move: Callable[[str, Move], None] = lambda stage, plan: None  # "moving", then "online"
+        self.on_relays: Callable[[str], None] = lambda line: None  # a relay left and others replaced it
         self.failed = asyncio.Event()  # a background task that cannot go on (a move that could not load)
-        self._tasks: list[asyncio.Task] = []  # announcer, next hops, rebalancer
-        self._handlers: list[str] = []
+        self._tasks: list[asyncio.Task] = []  # announcer, next hops, rebalancer, relay keeper
+        self._handlers: dict[str, Callable] = {}  # protocol -> handler, served again after a rejoin
         self.startup = StartupClock()
 
     @classmethod
@@ -124,13 +129,15 @@ class Server:
         logger.info("Memory plan: %s", plan)
         joining = time.monotonic()
         if config.check_reachability:
-            node, reachability, relayed = await join_network(config.network)
+            joined = await join_network(config.network, functools.partial(
+                _offered_relays, checkpoint.model_uid, num_blocks))
         else:
-            node, relayed = await PeerNode.create(config.network, announcing=True), False
-            reachability = "reachability: not checked (--no-reachability-check)"
-        server = cls(config, checkpoint, node, ComputeWorker(config.device), plan)
-        server.reachability, server.relayed = reachability, relayed
-        server.startup.add_network(joining, node.join_seconds, config.check_reachability)
+            joined = Joined(await PeerNode.create(config.network, announcing=True),
+                            "reachability: not checked (--no-reachability-check)")
+        server = cls(config, checkpoint, joined.node, ComputeWorker(config.device), plan)
+        server.reachability, server.relays = joined.line, joined.relays
+        server.relay_maddrs = joined.reachable if joined.node.relaying else ()
+        server.startup.add_network(joining, joined.node.join_seconds, config.check_reachability)
         try:
             await server._start(num_blocks)
         except BaseException:
@@ -177,6 +184,10 @@ class Server:
         self._start_task(self._measure_next_hops(num_blocks), "bloompeer-next-hops")
         if self.rebalancer is not None:
             self._start_task(self.rebalancer.run(self._served_span, self.move), "bloompeer-rebalancer")
+        if self.relays is not None:
+            keeper = RelayKeeper(self.relays, lambda: self.node.p2p, self._offered_relays, self._rejoin,
+                                 lambda line: self.on_relays(line))
+            self._start_task(keeper.run(), "bloompeer-relays")
 
     def _start_task(self, coroutine, name: str) -> None:
         task = asyncio.create_task(coroutine, name=name)
@@ -190,7 +201,22 @@ class Server:
 
     async def _serve(self, protocol: str, handler) -> None:
         await serve(self.node.p2p, protocol, handler)
-        self._handlers.append(protocol)
+        self._handlers[protocol] = handler
+
+    async def _offered_relays(self, exclude: list[str]) -> list[str]:
+        return await _offered_relays(self.model_uid, self.checkpoint.config().num_hidden_layers, self.node, exclude)
+
+    async def _rejoin(self, relays: RelaySlots) -> None:
+        """Behind NAT, start the daemon again on these relays (the streams open now end), serve and announce."""
+        node = await self.node.rejoin(behind_relays(self.config.network, relays))
+        self.node, self.relays = node, relays
+        self.pusher.close()
+        self.pusher.p2p = self.push_rtts.p2p = node.p2p
+        if self.rebalancer is not None:
+            self.rebalancer.p2p, self.rebalancer.directory = node.p2p, node.directory
+        for protocol, handler in self._handlers.items():
+            await serve(node.p2p, protocol, handler)
+        await self.announce()
 
     def _backend(self) -> SpanBackend:
         return self.service.backend
@@ -274,7 +300,9 @@ class Server:
         return ServerRecord(
             peer_id=self.node.peer_id_str, state=self.state, start=self.start, end=self.end,
             throughput=self.throughput, cache_tokens_left=self.service.budget.tokens_left if self.service else 0,
-            dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint, relayed=self.relayed,
+            dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint,
+            relayed=self.relays is not None, relay_maddrs=announceable(self.relay_maddrs),
+            via_relays=self.relays.announced() if self.relays is not None else (),
             limits=RequestLimits(self.config.max_batch, self.config.max_length, self.config.max_step_tokens),
             push_rtts_s=self.push_rtts.announced(), family=self.checkpoint.family.name,
             quant=self.storage.kind, quant_group_size=self.storage.announced_group_size,
@@ -348,3 +376,10 @@ class Server:
             self.pusher.close()
             await self.node.shutdown()
             self.compute.shutdown()
+
+
+async def _offered_relays(model_uid: str, num_blocks: int, node: PeerNode, exclude: Sequence[str] = ()) -> list[str]:
+    """Relays that servers of this model offer in their records (none of `exclude`, nor us)."""
+    servers = await node.directory.find_servers(model_uid, num_blocks)
+    records = (record for records in servers.values() for record in records)
+    return relays_in_records(records, [*exclude, node.peer_id_str])
