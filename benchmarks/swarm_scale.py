@@ -163,11 +163,14 @@ def run_churn(swarm, model: Path, reference, config: ChurnConfig, work_dir: Path
 
     watch = CoverageWatch(servers, killed, num_blocks)
     try:
-        first_relayed = config.servers - config.relayed
-        for index in range(config.servers):
-            start_server(index, home=swarm.homes[index - first_relayed] if index >= first_relayed else None)
-        deadline = time.monotonic() + 300
-        for server in list(servers):
+        first_relayed, deadline = config.servers - config.relayed, time.monotonic() + 300
+        for index in range(first_relayed):
+            start_server(index)
+        for server in list(servers) if config.relayed else ():  # the relays online (in the records) first
+            server.wait_online(deadline)
+        for index in range(first_relayed, config.servers):
+            start_server(index, home=swarm.homes[index - first_relayed])
+        for server in servers[first_relayed if config.relayed else 0:]:
             server.wait_online(deadline)
         for index in range(config.clients):
             clients.append(PeerProcess(f"churn-client-{index}", [
@@ -206,6 +209,8 @@ def run_churn(swarm, model: Path, reference, config: ChurnConfig, work_dir: Path
             except Exception:
                 client.signal(signal.SIGKILL)
         stop_in_parallel([*clients, *servers])
+        for peer in (*clients, *servers):  # beside their logs (which hold stderr)
+            (work_dir / f"{peer.name}.out").write_text("\n".join(peer.stdout))
     relayed = [server for server in servers if server.pid in home_of]
     relayed_ids = {_peer_id(server)[-8:] for server in relayed if _peer_id(server)}
     for client in clients:
@@ -264,7 +269,8 @@ def format_report(report: Report, config: ChurnConfig) -> str:
     block = "" if report.longest_uncovered_block is None else f" (block {report.longest_uncovered_block})"
     rows = [
         ("servers / clients / kills", f"{report.servers} / {report.clients} / {report.kills} (one every "
-                                      f"{config.kill_every_s:.0f} s, each replaced by a --num-blocks server)"),
+                                      f"{config.kill_every_s:.0f} s, each replaced by a --num-blocks server"
+                                      f"{', behind NAT if the killed one was' if config.relayed else ''})"),
         ("tokens equal to transformers'", f"{report.tokens_checked} of {report.tokens_checked + report.tokens_wrong}"),
         ("generations (failed)", f"{report.generations} ({len(report.failed)})"),
         ("route changes (re-routes after a failure)", str(report.route_changes)),
