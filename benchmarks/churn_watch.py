@@ -4,11 +4,12 @@ block went without one, each server's Prometheus counters, and every process's r
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 __all__ = ["CoverageWatch", "Scrapes", "covered_blocks", "kill_a_range", "memory", "serving_span"]
@@ -150,13 +151,16 @@ class Scrapes:
         self.latest: dict[int, tuple[float, dict]] = {}  # pid -> (seconds since its start, samples)
         self.started_at: dict[int, float] = {}
         self.rebalancing: set[int] = set()  # pids of --num-blocks servers (only they look for gaps)
+        self.reach: Callable[[int], contextlib.AbstractContextManager] = lambda pid: contextlib.nullcontext()
 
     def take(self, servers: Sequence) -> None:
         for server in servers:
             urls = [line.split(": ", 1)[1] for line in list(server.stdout) if line.startswith("metrics: ")]
             if server.process.poll() is None and urls:
                 try:
-                    self.latest[server.pid] = (time.monotonic() - self.started_at[server.pid], scrape(urls[0]))
+                    with self.reach(server.pid):  # where its metrics port can be reached from
+                        samples = scrape(urls[0])
+                    self.latest[server.pid] = (time.monotonic() - self.started_at[server.pid], samples)
                 except OSError:
                     continue
 

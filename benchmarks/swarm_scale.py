@@ -12,12 +12,17 @@ as many blocks in its place. Reports:
   - moves of --num-blocks servers, and each server's DHT operations per minute (announces and lookups,
     with the block keys they stored or read, and liveness probes) from its own Prometheus counters;
   - memory per peer: the resident set of every process, its p2pd daemon counted apart;
+  - with --relayed N: how many servers were behind NAT, the tokens of generations routed through
+    one, and their relay failovers (a relay they held a slot on was killed);
 beside transformers' local generation of the same prompts, timed in the same run.
 
     python benchmarks/swarm_scale.py                              # 16 servers of the demo model, 3 clients
     python benchmarks/swarm_scale.py --servers 8 --rounds 3       # the variant CI runs (tests/swarm/)
 
-All peers are direct (127.0.0.1): none is behind a NAT or relayed.
+With --relayed N (default 4 where the machine allows: root, `ip netns`), the swarm runs in network
+namespaces (benchmarks/nat_swarm.py): the last N servers each start behind a masquerading router
+and reach the swarm through relays found on the DHT, and a killed one is replaced behind the same
+router. With --relayed 0 every peer is direct, on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import sys
@@ -39,9 +45,11 @@ if __package__ in (None, ""):  # run as a file: python benchmarks/swarm_scale.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.churn_watch import CoverageWatch, Scrapes, kill_a_range, memory, serving_span  # noqa: E402
+from benchmarks.nat_swarm import NatSwarm, relay_figures, relayed_servers  # noqa: E402
 
 FIXED_SPAN_SPLITS = (2, 3, 1)  # --blocks servers: the model split in 2, then in 3, then whole, and again
 NUM_BLOCKS_CHOICES = (2, 3)  # --num-blocks K servers take K from these in turn (at most the model's blocks)
+ROUTE_HOP = re.compile(r"(\w{8})\[\d+:\d+\]")  # a hop of a client's "Route for blocks" line: <peer id's end>[A:B]
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,7 @@ class ChurnConfig:
     num_prompts: int = 6
     seed: int = 0
     server_args: tuple[str, ...] = ()
+    relayed: int = 0  # of `servers`, the last ones start behind NAT (the swarm must be a NatSwarm)
 
 
 @dataclass
@@ -76,6 +85,10 @@ class Report:
     dht_per_minute: dict[str, list[float]] = field(default_factory=dict)  # figure -> one value per server
     rss_mib: dict[str, list[float]] = field(default_factory=dict)  # kind of peer -> one value per process
     swarm_generation_s: list[float] = field(default_factory=list)
+    relayed: int = 0  # servers started behind NAT, replacements included
+    relayed_unreachable: int = 0  # of them, those that said "NOT directly reachable" (so served through relays)
+    relayed_tokens: int = 0  # exact tokens of generations routed through a relayed server
+    relay_failovers_s: list[float] = field(default_factory=list)  # lost relay -> announced through another
     local_generation_s: list[float] = field(default_factory=list)
 
 
@@ -125,18 +138,24 @@ def run_churn(swarm, model: Path, reference, config: ChurnConfig, work_dir: Path
     server_args = ("--metrics-port", "0", *config.server_args)
     spans, counts = fixed_spans(num_blocks), [min(k, num_blocks) for k in NUM_BLOCKS_CHOICES]
     servers, clients, killed, scrapes = [], [], set(), Scrapes()
+    home_of: dict[int, str] = {}  # pid of a relayed server -> the home (behind NAT) it runs in
+    client_program = (sys.executable, str(Path(__file__).resolve()))
+    if config.relayed:
+        scrapes.reach, client_program = swarm.scrape_context, swarm.program("public", client_program)
 
-    def start_server(index: int, count: int | None = None):
-        start = None
+    def start_server(index: int, count: int | None = None, home: str | None = None):
+        start, where = None, {} if home is None else {"home": home}
         if count is None and index % 2 == 0:
             start, end = spans[index // 2 % len(spans)]
             server = swarm.add_server(start, end, extra_args=server_args, wait=False, model=model,
-                                      name=f"churn-server-{index}")
+                                      name=f"churn-server-{index}", **where)
         else:
             count = count or counts[index // 2 % len(counts)]
             server = swarm.add_server(None, None, extra_args=("--num-blocks", str(count), *server_args), wait=False,
-                                      model=model, name=f"churn-server-{index}")
+                                      model=model, name=f"churn-server-{index}", **where)
         scrapes.started_at[server.pid] = time.monotonic()
+        if home is not None:
+            home_of[server.pid] = home
         if start is None:
             scrapes.rebalancing.add(server.pid)
         servers.append(server)
@@ -144,16 +163,21 @@ def run_churn(swarm, model: Path, reference, config: ChurnConfig, work_dir: Path
 
     watch = CoverageWatch(servers, killed, num_blocks)
     try:
-        for index in range(config.servers):
+        first_relayed, deadline = config.servers - config.relayed, time.monotonic() + 300
+        for index in range(first_relayed):
             start_server(index)
-        deadline = time.monotonic() + 300
-        for server in list(servers):
+        if config.relayed:  # the relays online first, so that the servers behind NAT find them in the records
+            for server in servers:
+                server.wait_online(deadline)
+            for index in range(first_relayed, config.servers):
+                start_server(index, home=swarm.homes[index - first_relayed])
+        for server in servers[first_relayed if config.relayed else 0:]:
             server.wait_online(deadline)
         for index in range(config.clients):
             clients.append(PeerProcess(f"churn-client-{index}", [
                 "--client", "--model", str(model), "--prompts", str(prompts_file), "--offset", str(index),
                 "--new-tokens", str(config.new_tokens), "--initial-peers", *swarm.initial_peers],
-                work_dir, program=(sys.executable, str(Path(__file__).resolve()))))
+                work_dir, program=client_program))
         for client in clients:
             client.wait_for_line("ready", deadline)
         watch.start()
@@ -164,7 +188,7 @@ def run_churn(swarm, model: Path, reference, config: ChurnConfig, work_dir: Path
             start, end = serving_span(victim)
             victim.signal(signal.SIGKILL)
             killed.add(victim.pid)
-            start_server(config.servers + round_index, count=end - start)
+            start_server(config.servers + round_index, count=end - start, home=home_of.get(victim.pid))
             report.kills += 1
         if config.range_kill:
             time.sleep(config.kill_every_s)
@@ -186,16 +210,26 @@ def run_churn(swarm, model: Path, reference, config: ChurnConfig, work_dir: Path
             except Exception:
                 client.signal(signal.SIGKILL)
         stop_in_parallel([*clients, *servers])
+        for peer in (*clients, *servers):  # beside their logs (which hold stderr)
+            (work_dir / f"{peer.name}.out").write_text("\n".join(peer.stdout))
+    relayed = [server for server in servers if server.pid in home_of]
+    relayed_ids = {_peer_id(server)[-8:] for server in relayed if _peer_id(server)}
     for client in clients:
         for line in client.stdout:
             if line.startswith("{"):
-                _count_generation(report, json.loads(line), expected)
+                _count_generation(report, json.loads(line), expected, relayed_ids)
+    report.relayed = len(relayed)
+    report.relayed_unreachable, report.relay_failovers_s = relay_figures(relayed)
     report.moves = scrapes.moves()
     report.dht_per_minute = scrapes.per_minute(min_age_s=30.0)
     return report
 
 
-def _count_generation(report: Report, result: dict, expected: list[list[int]]) -> None:
+def _peer_id(server) -> str | None:
+    return next((line.rsplit(" as ", 1)[1] for line in server.stdout if line.startswith("online:")), None)
+
+
+def _count_generation(report: Report, result: dict, expected: list[list[int]], relayed_ids: set[str]) -> None:
     report.generations += 1
     report.route_changes += result["route_changes"]
     if result["error"] is not None:
@@ -204,6 +238,8 @@ def _count_generation(report: Report, result: dict, expected: list[list[int]]) -
     report.swarm_generation_s.append(result["seconds"])
     if result["tokens"] == expected[result["prompt"]]:
         report.tokens_checked += len(result["tokens"])
+        if relayed_ids & set(result["route_peers"]):
+            report.relayed_tokens += len(result["tokens"])
     else:
         report.tokens_wrong += len(result["tokens"])
 
@@ -215,6 +251,16 @@ def _range_kill(report: Report) -> str:
     return f"block {block}'s {count} server(s): {recovered}"
 
 
+def _relay_rows(report: Report) -> list[tuple[str, str]]:
+    failovers = report.relay_failovers_s
+    took = f", announced again in median {statistics.median(failovers):.2f} s, max {max(failovers):.2f} s" \
+        if failovers else ""
+    return [("servers behind NAT (replacements included)",
+             f"{report.relayed} ({report.relayed_unreachable} said NOT directly reachable)"),
+            ("exact tokens of generations routed through one (any hop)", f"{report.relayed_tokens}"),
+            ("relay failovers (a relay they held was killed)", f"{len(failovers)}{took}")]
+
+
 def format_report(report: Report, config: ChurnConfig) -> str:
     def spread(values: list[float], unit: str = "") -> str:
         if not values:
@@ -224,13 +270,15 @@ def format_report(report: Report, config: ChurnConfig) -> str:
     block = "" if report.longest_uncovered_block is None else f" (block {report.longest_uncovered_block})"
     rows = [
         ("servers / clients / kills", f"{report.servers} / {report.clients} / {report.kills} (one every "
-                                      f"{config.kill_every_s:.0f} s, each replaced by a --num-blocks server)"),
+                                      f"{config.kill_every_s:.0f} s, each replaced by a --num-blocks server"
+                                      f"{', behind NAT if the killed one was' if config.relayed else ''})"),
         ("tokens equal to transformers'", f"{report.tokens_checked} of {report.tokens_checked + report.tokens_wrong}"),
         ("generations (failed)", f"{report.generations} ({len(report.failed)})"),
         ("route changes (re-routes after a failure)", str(report.route_changes)),
         ("longest time a block had no live server", f"{report.longest_uncovered_s:.1f} s{block}"),
         *([("every server of a block killed, at the end", _range_kill(report))] if report.range_killed else []),
         ("moves of --num-blocks servers", str(report.moves)),
+        *(_relay_rows(report) if config.relayed else []),
         ("seconds per generation: swarm", spread(report.swarm_generation_s, " s")),
         ("seconds per generation: transformers, local", spread(report.local_generation_s, " s")),
         *((f"DHT per server per minute: {name}", spread(values)) for name, values in report.dht_per_minute.items()),
@@ -280,8 +328,9 @@ def client_main(args: argparse.Namespace) -> int:
             except Exception as exc:  # reported, and the client goes on as a user would
                 error = f"{type(exc).__name__}: {exc}"
             seconds = time.perf_counter() - started
+            route_peers = sorted({peer for record in routes for peer in ROUTE_HOP.findall(record.getMessage())})
             print(json.dumps({"prompt": prompt, "tokens": tokens, "error": error, "seconds": seconds,
-                              "route_changes": max(0, len(routes) - 1)}), flush=True)
+                              "route_changes": max(0, len(routes) - 1), "route_peers": route_peers}), flush=True)
             index += 1
     return 0
 
@@ -298,6 +347,8 @@ def main() -> int:
     parser.add_argument("--no-range-kill", action="store_true",
                         help="do not kill every server of a block at the end")
     parser.add_argument("--new-tokens", type=int, default=ChurnConfig.new_tokens, help="per generation")
+    parser.add_argument("--relayed", type=int, default=None, metavar="N",
+                        help="servers behind NAT, in network namespaces (default: 4 where the machine allows)")
     parser.add_argument("--seed", type=int, default=ChurnConfig.seed, help="of the prompts and of who is killed")
     parser.add_argument("--logs", metavar="DIR", help="keep every peer's log here (default: deleted at the end)")
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)  # the client processes' mode
@@ -317,12 +368,13 @@ def main() -> int:
     model = Path(args.model or DEMO_MODEL_DIR)
     config = ChurnConfig(servers=args.servers, clients=args.clients, rounds=args.rounds, kill_every_s=args.kill_every,
                          settle_s=args.settle, range_kill=not args.no_range_kill, new_tokens=args.new_tokens,
-                         seed=args.seed)
+                         seed=args.seed, relayed=relayed_servers(args.relayed, args.servers))
     reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="swarm-scale-") as temporary:
         work_dir = Path(args.logs or temporary)
-        with LocalSwarm(model, [], log_dir=work_dir) as swarm:
+        swarm = NatSwarm(model, config.relayed, work_dir) if config.relayed else LocalSwarm(model, [], log_dir=work_dir)
+        with swarm:
             report = run_churn(swarm, model, reference, config, work_dir)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, {time.monotonic() - started:.0f} s in all")
     print(format_report(report, config))
