@@ -4,7 +4,9 @@ For each model (random weights, written to a temp dir): starts a bootstrap peer 
 127.0.0.1 splitting the blocks, then measures for bloompeer and for the model's own transformers
 class (AutoModelForCausalLM) run locally:
   - decode: median time between consecutive tokens of greedy generate (16-token prompt, 32 new);
-  - forward: median seconds of one full forward over a 512-token prompt.
+  - forward: seconds of one full forward over a 512-token prompt.
+The runners take turns in each of --rounds rounds; the table shows each runner's median over the
+rounds, their ratio, and the ratio within each round.
 Decoding is measured with server-to-server push, without it, and with the default client (which
 chooses per route from the round trips it measures). Prints a table with the ratios (bloompeer /
 local; lower is better).
@@ -16,6 +18,7 @@ local; lower is better).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -73,31 +76,32 @@ def forward_s(model, ids: torch.Tensor, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def bench(name: str, servers: int, args: argparse.Namespace) -> dict[str, tuple[float, float]]:
+def bench(name: str, servers: int, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
+    """{"decode"/"forward": {runner: one figure per round}}; runners take turns within each round, so
+    that the machine's drift (10-30 % within an hour here) falls on all of them alike."""
     spec = MODELS[name]
-    with tempfile.TemporaryDirectory(prefix=f"bloompeer-bench-{name}-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"bloompeer-bench-{name}-") as tmp, contextlib.ExitStack() as stack:
         print(f"[{name}] writing a random checkpoint...", file=sys.stderr, flush=True)
         path = write_random_checkpoint(Path(tmp) / name, **spec)
         vocab = spec["vocab_size"]
         generator = torch.Generator().manual_seed(0)
         prompt = torch.randint(4, vocab, (1, args.prompt_tokens), generator=generator)
         long_ids = torch.randint(4, vocab, (1, args.forward_tokens), generator=generator)
-        results = {}
-        local = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        decode_step_ms(local, prompt, 4, 1)  # warm-up
-        results["local"] = (decode_step_ms(local, prompt, args.new_tokens, args.repeats),
-                            forward_s(local, long_ids, args.forward_repeats))
-        del local
+        runners = {"local": AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()}
         print(f"[{name}] starting a swarm of {servers} servers...", file=sys.stderr, flush=True)
-        with LocalSwarm(path, split_blocks(spec["num_blocks"], servers)) as swarm:
-            for mode, push in MODES.items():
-                config = ClientConfig(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True),
-                                      push=push)
-                with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=config) as model:
-                    decode_step_ms(model, prompt, 4, 1)  # warm-up: route, connections
-                    decode = decode_step_ms(model, prompt, args.new_tokens, args.repeats)
-                    forward = forward_s(model, long_ids, args.forward_repeats) if push else None
-                results[mode] = (decode, forward)
+        swarm = stack.enter_context(LocalSwarm(path, split_blocks(spec["num_blocks"], servers)))
+        for mode, push in MODES.items():
+            config = ClientConfig(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True), push=push)
+            runners[mode] = stack.enter_context(AutoDistributedModelForCausalLM.from_pretrained(path, client_config=config))
+        for model in runners.values():
+            decode_step_ms(model, prompt, 4, 1)  # warm-up: caches, route, connections
+        results = {"decode": {runner: [] for runner in runners}, "forward": {"local": [], "push": []}}
+        for round_index in range(args.rounds):
+            print(f"[{name}] round {round_index + 1} of {args.rounds}...", file=sys.stderr, flush=True)
+            for runner, model in runners.items():
+                results["decode"][runner].append(decode_step_ms(model, prompt, args.new_tokens, 1))
+            for runner in results["forward"]:
+                results["forward"][runner].append(forward_s(runners[runner], long_ids, 1))
         return results
 
 
@@ -108,21 +112,23 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--forward-tokens", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=3, help="generate calls per decode measurement")
-    parser.add_argument("--forward-repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds; in each, every runner generates once and the forward runs once")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.servers} servers on 127.0.0.1")
-    print(f"{'model':<12} {'metric':<28} {'local HF':>10} {'bloompeer':>10} {'ratio':>7}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.servers} servers on 127.0.0.1; "
+          f"{args.rounds} rounds")
+    print(f"{'model':<12} {'metric':<30} {'local HF':>10} {'bloompeer':>10} {'ratio':>7}  ratio per round")
     for name in args.models:
         results = bench(name, args.servers, args)
-        local_decode, local_forward = results["local"]
-        for mode in MODES:
-            decode = results[mode][0]
-            print(f"{name:<12} {f'decode step ({mode}), median ms':<28} {local_decode:>10.2f} {decode:>10.2f} "
-                  f"{decode / local_decode:>7.3f}")
-        forward = results["push"][1]
-        print(f"{name:<12} {f'forward {args.forward_tokens} tokens, s':<28} {local_forward:>10.3f} "
-              f"{forward:>10.3f} {forward / local_forward:>7.3f}", flush=True)
+        for metric, unit in (("decode", "ms"), ("forward", "s")):
+            local = results[metric]["local"]
+            for runner, figures in results[metric].items():
+                if runner == "local":
+                    continue
+                label = f"decode step ({runner}), {unit}" if metric == "decode" else f"forward {args.forward_tokens} tokens, {unit}"
+                per_round = " ".join(f"{ours / theirs:.2f}" for ours, theirs in zip(figures, local))
+                print(f"{name:<12} {label:<30} {statistics.median(local):>10.3f} {statistics.median(figures):>10.3f} "
+                      f"{statistics.median(figures) / statistics.median(local):>7.3f}  {per_round}", flush=True)
 
 
 if __name__ == "__main__":

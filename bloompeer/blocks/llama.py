@@ -17,6 +17,7 @@ not, as `tie_word_embeddings` says).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -153,8 +154,22 @@ class _AttentionInputs:
                 cache.rope_length = seen_length
         cos, sin = rope.cos_sin(positions, segment.hidden.dtype, seen_length)
         self.batch, self.num_new, self.cache = batch, num_new, cache
-        self.cos, self.sin = cos[:, None], sin[:, None]  # [batch, 1, num_new, head_dim]: broadcast over heads
+        self.cos, self.sin = cos[:, :, None], sin[:, :, None]  # [batch, num_new, 1, head_dim]: broadcast over heads
         self.allowed = {window: allowed_keys(mask, num_new, window) for window in windows}
+
+
+class _PassAttention(list):
+    """Every segment's _AttentionInputs, with the rotation of all the pass's rows at once: one segment's
+    cos/sin as they are, several segments' joined into [rows, 1, head_dim] (made once per pass), so that
+    q/k norms and rotation run once per block rather than once per segment and block."""
+
+    def __init__(self, inputs: list[_AttentionInputs]):
+        super().__init__(inputs)
+        if len(inputs) == 1:
+            self.cos, self.sin = inputs[0].cos, inputs[0].sin
+        else:
+            self.cos = torch.cat([segment.cos.flatten(0, 1) for segment in inputs])
+            self.sin = torch.cat([segment.sin.flatten(0, 1) for segment in inputs])
 
 
 class LlamaSpan(BlockSpan):
@@ -189,27 +204,38 @@ class LlamaSpan(BlockSpan):
     def attention_inputs(self, segment: Segment) -> _AttentionInputs:
         return _AttentionInputs(segment, self.rope, self._windows)
 
-    def block_forward(self, block: LlamaBlock, hidden: torch.Tensor, attention: list[_AttentionInputs],
+    def pass_attention(self, segments: Sequence[Segment]) -> _PassAttention:
+        return _PassAttention(super().pass_attention(segments))
+
+    def block_forward(self, block: LlamaBlock, hidden: torch.Tensor, attention: _PassAttention,
                       rows: list[int], linear: Linear) -> torch.Tensor:
-        """LlamaDecoderLayer.forward, with attention done segment by segment."""
+        """LlamaDecoderLayer.forward: q/k norms and rotation on every row at once, attention segment by segment."""
         attn, mlp = block.self_attn, block.mlp
         normed = block.input_layernorm(hidden)
-        qkv = linear(attn.q_proj, normed), linear(attn.k_proj, normed), linear(attn.v_proj, normed)
+        query, key = self._rotated(attn, linear(attn.q_proj, normed), linear(attn.k_proj, normed), attention)
+        qkv = query, key, linear(attn.v_proj, normed)
         context = self.per_segment(qkv, attention, rows, lambda q, k, v, inputs: self._attend(attn, q, k, v, inputs))
         hidden = hidden + linear(attn.o_proj, context)
         normed = block.post_attention_layernorm(hidden)
         return hidden + linear(mlp.down_proj, F.silu(linear(mlp.gate_proj, normed)) * linear(mlp.up_proj, normed))
 
-    def _attend(self, attn: _Attention, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                inputs: _AttentionInputs) -> torch.Tensor:
-        """One segment's attention: q/k/v [batch (* num_new), ... heads * head_dim] -> [batch, num_new, hidden]."""
-        shape = (inputs.batch, inputs.num_new, -1, self.head_dim)
-        query, key, value = query.view(shape), key.view(shape), value.view(shape)  # [batch, new, heads, head_dim]
+    def _rotated(self, attn: _Attention, query: torch.Tensor, key: torch.Tensor,
+                 attention: _PassAttention) -> tuple[torch.Tensor, torch.Tensor]:
+        """q/k [..., heads * head_dim] -> [..., heads, head_dim], normed (Qwen3) and rotated. Elementwise, so
+        the same values as transformers', which rotates after moving heads before tokens."""
+        query = query.view(*query.shape[:-1], -1, self.head_dim)
+        key = key.view(*key.shape[:-1], -1, self.head_dim)
         if hasattr(attn, "q_norm"):
             query, key = attn.q_norm(query), attn.k_norm(key)
-        query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-        query = query * inputs.cos + _rotate_half(query) * inputs.sin
-        key = key * inputs.cos + _rotate_half(key) * inputs.sin
+        cos, sin = attention.cos, attention.sin
+        return query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+
+    def _attend(self, attn: _Attention, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                inputs: _AttentionInputs) -> torch.Tensor:
+        """One segment's attention: q/k [batch (* num_new), ..., heads, head_dim] (rotated), v [batch (* num_new),
+        ..., heads * head_dim] -> [batch, num_new, hidden]."""
+        shape = (inputs.batch, inputs.num_new, -1, self.head_dim)
+        query, key, value = (part.view(shape).transpose(1, 2) for part in (query, key, value))  # [batch, heads, new, dim]
         if inputs.cache is not None:
             key, value = inputs.cache.update(key, value, attn.layer_idx)  # [batch, kv heads, kv_length, head_dim]
         context = grouped_attention(query, key, value, inputs.allowed[attn.window], self.scale)

@@ -112,6 +112,11 @@ class BlockSpan(nn.Module):
         """What every block's attention needs for this segment (masks, positions), made once per pass."""
         raise NotImplementedError
 
+    def pass_attention(self, segments: Sequence[Segment]) -> list:
+        """Every segment's attention inputs, made once per pass (a family's list may also carry what the
+        pass's rows share)."""
+        return [self.attention_inputs(segment) for segment in segments]
+
     def block_forward(self, block: nn.Module, hidden: torch.Tensor, attention: list, rows: list[int],
                       linear: Linear) -> torch.Tensor:
         """One block. hidden: one segment's [batch, num_new, hidden], or all segments' [rows, hidden]."""
@@ -150,7 +155,7 @@ class BlockSpan(nn.Module):
     ) -> list[torch.Tensor]:
         """Several requests through blocks [start, end) in one pass; one output per segment."""
         start, end = self.start if start is None else start, self.end if end is None else end
-        attention = [self.attention_inputs(segment) for segment in segments]
+        attention = self.pass_attention(segments)
         rows = [segment.hidden.shape[0] * segment.hidden.shape[1] for segment in segments]
         if len(segments) == 1:
             hidden = segments[0].hidden  # [batch, num_new, hidden]: transformers' own shapes, for its values

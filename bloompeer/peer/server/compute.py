@@ -1,11 +1,11 @@
 """The server's compute thread: every torch call on the serving path runs here, off the event loop.
 
 One thread per device keeps a forward from stalling the network and keeps kernels from
-competing for the same cores. On CPU it also picks torch's intra-op thread count per call: a
-decode step of a few rows is bound by memory bandwidth, and splitting it over threads cost
-more than it saved. The linear layers of a decode pass that batches several sessions run in
-oneDNN (blocks/batched_linear.py), on as many threads as such passes measurably run fastest with
-(batched_threads.py): there the barrier is once per layer, and whether it pays depends on the other core.
+competing for the same cores. On CPU it also picks torch's intra-op thread count per call. An
+inference pass of a few rows (a decode step) runs on the count that such passes measurably run
+fastest with (thread_choice.py): all cores while the others are free, one while something else keeps
+them busy. A pass that batches several sessions' steps runs its linear layers in oneDNN
+(blocks/batched_linear.py) on a count measured apart, and its other ops on one thread.
 """
 
 from __future__ import annotations
@@ -19,22 +19,16 @@ import torch
 
 from ...blocks import set_batched_threads
 from ...blocks.batched_linear import MAX_ROWS as BATCHED_LINEAR_MAX_ROWS
-from .batched_threads import BatchedThreadChoice
+from .thread_choice import ThreadChoice
 
-__all__ = ["ComputeWorker", "SINGLE_THREAD_MAX_DECODE_ROWS", "SINGLE_THREAD_MAX_ROWS"]
+__all__ = ["ComputeWorker", "MEASURED_MAX_DECODE_ROWS", "SINGLE_THREAD_MAX_ROWS"]
 
 T = TypeVar("T")
 
-# Inference passes of at most this many rows (batch x new tokens) run on one thread: every decode
-# pass, also one batching many sessions' steps. Splitting a pass over torch's threads means a barrier at every
-# op, so both threads must get a core a hundred times per pass; on a 2-core machine where the
-# server shares the cores with its p2p daemon, its clients or anything else, that waiting cost far
-# more than the second core gave. Measured (benchmarks/throughput.py and a scratch script, 12 blocks
-# of hidden 1024, 2 cores busy with other work): 8 rows 190 vs 1068 ms on one vs two threads,
-# 32 rows 427 vs 3304 ms; 8 light sessions on a server of 4 blocks of hidden 64: 446 vs 23 steps/s.
-# On an idle machine two threads were faster from about 4 rows on (16 rows: 138 vs 96 ms), so
-# large passes (long prompts) still use every thread.
-SINGLE_THREAD_MAX_DECODE_ROWS = 64
+# Inference passes of at most this many rows (batch x new tokens) run on a measured thread count;
+# larger ones (long prompts) on every thread, which on an idle 2-core machine was faster from about
+# 4 rows on and is never the wrong order of magnitude for a pass that long.
+MEASURED_MAX_DECODE_ROWS = 64
 # Other calls (whole-sequence forwards and backwards, for training) of at most this many rows run on
 # one thread. Kept apart from decoding: the thread count changes the order of float sums, and a
 # batch sent in parts must get the gradients it gets whole (2e-7 apart when it was not).
@@ -47,27 +41,39 @@ class ComputeWorker:
         self._cpu = torch.device(device).type == "cpu"
         self._max_threads = torch.get_num_threads()
         self._threads = None  # what the compute thread is set to (a per-thread OpenMP setting)
-        self._batched_threads = BatchedThreadChoice(self._max_threads, set_batched_threads)
+        self._single_choice = ThreadChoice(self._max_threads, self._set_threads)
+        self._batched_choice = ThreadChoice(self._max_threads, set_batched_threads)
 
     async def run(self, fn: Callable[..., T], *args, rows: int = 1 << 30, decode: bool = False,
                   batched: bool = False) -> T:
-        """Run fn(*args) on the compute thread; `rows` (batch x tokens) and whether it is an
-        inference pass (`decode`) size its thread count; a decode pass of several requests
-        (`batched`) has its linear layers in oneDNN, with the thread count that batched_threads.py chooses."""
-        single_max = SINGLE_THREAD_MAX_DECODE_ROWS if decode else SINGLE_THREAD_MAX_ROWS
-        threads = 1 if rows <= single_max else self._max_threads
-        measured = self._cpu and batched and decode and rows <= BATCHED_LINEAR_MAX_ROWS
+        """Run fn(*args) on the compute thread; `rows` (batch x tokens), whether it is an inference
+        pass (`decode`) and whether that pass batches several requests (`batched`) size its threads."""
         return await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._call, fn, args, threads, rows if measured else None)
+            self._executor, self._call, fn, args, rows, decode, batched)
 
-    def _call(self, fn: Callable[..., T], args: tuple, threads: int, batched_rows: int | None) -> T:
-        if self._cpu:
-            if threads != self._threads:
-                torch.set_num_threads(threads)
-                self._threads = threads
-        if batched_rows is None:
+    def _call(self, fn: Callable[..., T], args: tuple, rows: int, decode: bool, batched: bool) -> T:
+        if not self._cpu:
             return fn(*args)
-        return self._batched_threads.run(batched_rows, lambda: fn(*args))
+        if decode and rows <= MEASURED_MAX_DECODE_ROWS:
+            if batched and rows <= BATCHED_LINEAR_MAX_ROWS:
+                self._set_threads(1)
+                return self._batched_choice.run(rows, lambda: fn(*args))
+            return self._single_choice.run(rows, lambda: fn(*args))
+        self._set_threads(1 if not decode and rows <= SINGLE_THREAD_MAX_ROWS else self._max_threads)
+        return fn(*args)
+
+    def make_caller_serial(self) -> None:
+        """Run the calling thread's own torch ops (a server's event loop: reading and checking requests)
+        on one thread, so that the compute thread's is the process's only OpenMP team. libgomp gives
+        every thread that runs a parallel op a team of its own, and with a second team in the process
+        the compute thread's two-thread decode passes took 59-66 ms instead of 42-55 (14 blocks of
+        Qwen3-0.6B's shape, 2-core VM, idle). The compute thread sets its own count before every call."""
+        torch.set_num_threads(1)
+
+    def _set_threads(self, threads: int) -> None:
+        if threads != self._threads:
+            torch.set_num_threads(threads)
+            self._threads = threads
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

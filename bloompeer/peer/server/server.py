@@ -134,7 +134,9 @@ class Server:
         else:
             joined = Joined(await PeerNode.create(config.network, announcing=True),
                             "reachability: not checked (--no-reachability-check)")
-        server = cls(config, checkpoint, joined.node, ComputeWorker(config.device), plan)
+        compute = ComputeWorker(config.device)
+        compute.make_caller_serial()
+        server = cls(config, checkpoint, joined.node, compute, plan)
         server.reachability, server.relays = joined.line, joined.relays
         server.relay_maddrs = joined.reachable if joined.node.relaying else ()
         server.startup.add_network(joining, joined.node.join_seconds, config.check_reachability)
