@@ -168,7 +168,7 @@ def test_batched_segments_equal_separate_requests(spans, span_with_batched_linea
 
 @torch.no_grad()
 def test_batched_linears_run_on_the_thread_count_set_for_batched_passes(span_with_batched_linears, monkeypatch):
-    """The server measures which count a batched pass runs fastest on (peer/server/batched_threads.py)."""
+    """The server measures which count a batched pass runs fastest on (peer/server/thread_choice.py)."""
     from bloompeer.blocks import Segment, batched_linear
 
     seen = []
