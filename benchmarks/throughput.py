@@ -7,6 +7,11 @@ peer and ONE server holding every block of the model on 127.0.0.1 (batching off 
   - per-session median step latency (the median over sessions of each session's median);
   - the server's peak RSS during that measurement (VmHWM of the server process, reset before each);
   - how many requests shared a pass on average (from the server's /metrics, `--metrics-port`).
+Beside them, as the floor of the latency ratios, the same blocks in the benchmark's own process
+after the servers are gone: a pass of one session's step and of the largest N's steps together.
+Every N is measured once per round, in `--rounds` rounds on the same server: each figure is the median
+over rounds, and each ratio to N = 1 the median of the ratios within a round, so that the machine's
+drift (10-30 % within minutes here) moves a figure and its baseline together.
 Two kinds of client drive the sessions:
   - light: one client process, N threads, each with its own inference session through the
     session API (`SwarmClient.open_session`, `InferenceSession.step`), sending random hidden states: nothing but
@@ -38,7 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from bloompeer import AutoDistributedModelForCausalLM, ClientConfig, NetworkConfig
-from bloompeer.blocks import open_checkpoint
+from bloompeer.blocks import Segment, open_checkpoint
 from bloompeer.peer.client.swarm_client import SwarmClient
 from bloompeer.peer.cli.default_model import write_random_checkpoint
 from bloompeer.peer.cli.local_swarm import LocalSwarm
@@ -203,7 +208,44 @@ def generate_clients(model, vocab_size: int, sessions: int, steps: int,
     return _summarise(results, steps, wall_s, rss["mib"])
 
 
-def bench_model(name: str, args: argparse.Namespace) -> dict[tuple[str, str, int], Result]:
+def pass_floor(path: Path, num_blocks: int, sessions: int, rounds: int) -> tuple[float, float]:
+    """Median ms of a pass of one session's one-token step and of `sessions` sessions' steps together,
+    through every block in this process on every thread, with no server, network or client around it
+    (interleaved over rounds). Their ratio is the least that N sessions' step latency can be relative
+    to one session's, whatever the server and the network do."""
+    span = open_checkpoint(path).load_span(0, num_blocks, torch.float32)
+    span.use_batched_linears()
+    with torch.inference_mode():
+        caches = []
+        for _ in range(sessions):
+            cache = span.new_cache(0, num_blocks, 1, PROMPT_TOKENS + 64, torch.float32)
+            span(torch.randn(1, PROMPT_TOKENS, span.config.hidden_size), cache.begin_step(0, None, PROMPT_TOKENS), cache)
+            caches.append(cache)
+
+        def step(count: int) -> float:
+            segments = [Segment(torch.randn(1, 1, span.config.hidden_size), cache.begin_step(PROMPT_TOKENS, None, 1),
+                                cache) for cache in caches[:count]]
+            begin = time.perf_counter()
+            span.forward_segments(segments)
+            return time.perf_counter() - begin
+
+        times = {1: [], sessions: []}
+        for _ in range(rounds):
+            for count in times:
+                times[count] += [step(count) for _ in range(6)][1:]
+    return tuple(1000 * statistics.median(times[count]) for count in (1, sessions))
+
+
+def _rounds(args: argparse.Namespace):
+    """(round, sessions) in the order measured: every N once per round, so that each N's figures and
+    its ratio to N = 1 are taken over the same stretch of a machine that drifts by 10-30 % in minutes."""
+    for round_index in range(args.rounds):
+        for sessions in args.sessions:
+            yield round_index, sessions
+
+
+def bench_model(name: str, args: argparse.Namespace) -> tuple[dict[tuple[str, str, int], list[Result]], str]:
+    """Every (clients, batching, N) measured over rounds, and the line that gives the floor (pass_floor)."""
     spec = MODELS[name]
     results = {}
     with tempfile.TemporaryDirectory(prefix=f"bloompeer-throughput-{name}-") as tmp:
@@ -225,51 +267,72 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[tuple[str, str, int
                     client = SwarmClient.connect(open_checkpoint(path), torch.float32, config)
                     try:
                         light_clients(client, spec["hidden_size"], 1, 4, pid)  # warm-up: route, connections
-                        for sessions in args.sessions:
-                            results["light", batching, sessions] = result = measured(
-                                counter, light_clients, client, spec["hidden_size"], sessions, args.steps, pid)
-                            _progress(name, "light", batching, sessions, result)
+                        for round_index, sessions in _rounds(args):
+                            result = measured(counter, light_clients, client, spec["hidden_size"], sessions,
+                                              args.steps, pid)
+                            results.setdefault(("light", batching, sessions), []).append(result)
+                            _progress(name, "light", batching, sessions, round_index, result)
                     finally:
                         client.shutdown()
                 if "generate" in args.clients:
                     with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=config) as model:
                         generate_clients(model, spec["vocab_size"], 1, 4, pid)  # warm-up
-                        for sessions in args.sessions:
-                            results["generate", batching, sessions] = result = measured(
-                                counter, generate_clients, model, spec["vocab_size"], sessions, args.steps, pid)
-                            _progress(name, "generate", batching, sessions, result)
-    return results
+                        for round_index, sessions in _rounds(args):
+                            result = measured(counter, generate_clients, model, spec["vocab_size"], sessions,
+                                              args.steps, pid)
+                            results.setdefault(("generate", batching, sessions), []).append(result)
+                            _progress(name, "generate", batching, sessions, round_index, result)
+        largest = max(args.sessions)
+        print(f"[{name}] in-process passes of 1 and {largest} sessions...", file=sys.stderr, flush=True)
+        one, many = pass_floor(path, spec["num_blocks"], largest, args.rounds)
+    return results, f"in this process alone (no server, network or client), a pass of one session's step takes " \
+                    f"{one:.1f} ms and of {largest} sessions' steps {many:.1f} ms: {many / one:.2f}x, the floor of " \
+                    f"the step latency ratio at N = {largest}"
 
 
-def _progress(name: str, clients: str, batching: str, sessions: int, result: Result) -> None:
-    print(f"[{name}] {clients} batching {batching} N={sessions}: {result}", file=sys.stderr, flush=True)
+def _progress(name: str, clients: str, batching: str, sessions: int, round_index: int, result: Result) -> None:
+    print(f"[{name}] round {round_index + 1}: {clients} batching {batching} N={sessions}: {result}", file=sys.stderr,
+          flush=True)
 
 
-def print_table(name: str, results: dict[tuple[str, str, int], Result]) -> None:
-    """A markdown table, one row per (clients, N): batching on and off side by side, each relative
-    to its own N = 1."""
+def _ratios(results: list[Result], bases: list[Result]) -> tuple[list[float], list[float]]:
+    """Per round: steps/s and step latency relative to N = 1 of the same round."""
+    pairs = list(zip(results, bases))
+    return ([r.steps_per_s / b.steps_per_s for r, b in pairs], [r.median_step_ms / b.median_step_ms for r, b in pairs])
+
+
+def print_table(name: str, results: dict[tuple[str, str, int], list[Result]]) -> None:
+    """A markdown table, one row per (clients, N): batching on and off side by side. Each figure is the
+    median over rounds; each x the median over rounds of the ratio to N = 1 in the same round. The
+    per-round ratios of batching on follow the table."""
     print(f"\n{name}: aggregate steps/s and per-session median step latency (x: relative to N = 1), requests per "
-          f"pass, server peak RSS")
+          f"pass, server peak RSS; medians of {len(next(iter(results.values())))} rounds")
     print("| clients | N | on: steps/s | on: step ms | on: req/pass | on: RSS MiB | off: steps/s | off: step ms "
           "| off: RSS MiB |")
     print("|---|---|---|---|---|---|---|---|---|")
+    per_round = []
     for clients in ("light", "generate"):
         for sessions in sorted({n for c, _, n in results if c == clients}):
             cells = []
             for batching in ("on", "off"):
-                result, base = results.get((clients, batching, sessions)), results.get((clients, batching, 1))
-                if result is None or result.error:
-                    cells += [result.error if result else "-", "", "", ""][:4 if batching == "on" else 3]
+                rounds, bases = results.get((clients, batching, sessions), []), results.get((clients, batching, 1), [])
+                failed = next((r.error for r in [*rounds, *bases] if r.error), None)
+                if failed or not rounds:
+                    cells += [failed or "-", "", "", ""][:4 if batching == "on" else 3]
                     continue
-                ok = base is not None and not base.error
-                speedup = result.steps_per_s / base.steps_per_s if ok else float("nan")
-                slowdown = result.median_step_ms / base.median_step_ms if ok else float("nan")
-                cells += [f"{result.steps_per_s:.1f} ({speedup:.2f}x)",
-                          f"{result.median_step_ms:.1f} ({slowdown:.2f}x)"]
+                speedups, slowdowns = _ratios(rounds, bases)
+                cells += [f"{statistics.median(r.steps_per_s for r in rounds):.1f} ({statistics.median(speedups):.2f}x)",
+                          f"{statistics.median(r.median_step_ms for r in rounds):.1f} "
+                          f"({statistics.median(slowdowns):.2f}x)"]
                 if batching == "on":
-                    cells.append(f"{result.requests_per_pass:.1f}")
-                cells.append(f"{result.peak_rss_mib:.0f}")
+                    cells.append(f"{statistics.median(r.requests_per_pass for r in rounds):.1f}")
+                    if sessions != 1:
+                        per_round.append(f"{clients} N={sessions}, batching on, per round: steps/s "
+                                         + " ".join(f"{x:.2f}x" for x in speedups) + "; step latency "
+                                         + " ".join(f"{x:.2f}x" for x in slowdowns))
+                cells.append(f"{max(r.peak_rss_mib for r in rounds):.0f}")
             print(f"| {clients} | {sessions} | " + " | ".join(cells) + " |", flush=True)
+    print("\n".join(per_round), flush=True)
 
 
 def main() -> None:
@@ -278,12 +341,16 @@ def main() -> None:
     parser.add_argument("--clients", nargs="+", default=["light", "generate"], choices=["light", "generate"])
     parser.add_argument("--sessions", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     parser.add_argument("--steps", type=int, default=32, help="timed one-token steps per session")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="measure every N this many times, interleaved; figures are medians over rounds")
     args = parser.parse_args()
     if 1 not in args.sessions:
         args.sessions = [1, *args.sessions]  # the baseline of the ratios
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; one server and its clients on 127.0.0.1")
     for name in args.models:
-        print_table(name, bench_model(name, args))
+        results, floor = bench_model(name, args)
+        print_table(name, results)
+        print(floor, flush=True)
 
 
 if __name__ == "__main__":

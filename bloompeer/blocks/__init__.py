@@ -5,7 +5,6 @@ One module per family (bloom.py, llama.py) says what differs; span.py is the loo
 family.py what the rest of bloompeer asks a family, families.py which families there are.
 """
 
-from .batched_linear import set_batched_threads
 from .checkpoint import Checkpoint, CheckpointError, open_checkpoint
 from .families import FAMILIES, family_for_model_type, family_named, served_model_types
 from .family import ModelFamily
@@ -15,6 +14,6 @@ from .span import BlockSpan, Segment
 
 __all__ = [
     "BlockSpan", "Checkpoint", "CheckpointError", "FAMILIES", "ModelFamily", "ROPE_TYPES", "Segment", "SessionCache",
-    "family_for_model_type", "family_named", "open_checkpoint", "served_model_types", "set_batched_threads",
+    "family_for_model_type", "family_named", "open_checkpoint", "served_model_types",
     "token_positions",
 ]

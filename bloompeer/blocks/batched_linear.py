@@ -27,29 +27,13 @@ start: 32 MiB at that width, counted in its fixed overhead.
 
 from __future__ import annotations
 
-import threading
-
 import torch
 from torch import nn
 
-__all__ = ["BatchedLinears", "set_batched_threads"]
+__all__ = ["BatchedLinears"]
 
 MAX_ROWS = 64
 EXACT_ROWS = 8  # row counts up to this one run as they are; larger ones are padded to multiples of it
-
-_batched_threads = threading.local()  # .count: the thread count for the batched linears of this thread's passes
-
-
-def set_batched_threads(count: int) -> None:
-    """The thread count for the batched linears of the calling thread's passes (the server's
-    compute thread sets it before each batched pass). They run in oneDNN on torch's intra-op
-    threads, set to `count` around each layer; the pass's other ops keep the thread's own count."""
-    _batched_threads.count = count
-
-
-def batched_threads() -> int | None:
-    """What set_batched_threads last set in the calling thread (None: never set)."""
-    return getattr(_batched_threads, "count", None)
 
 
 class BatchedLinears:
@@ -74,14 +58,7 @@ class BatchedLinears:
         """linear(rows) for rows [n, in]; autograd, and a layer that is not nn.Linear, go through the layer itself."""
         if not isinstance(linear, nn.Linear) or (rows.requires_grad and torch.is_grad_enabled()):
             return linear(rows)
-        threads, previous = batched_threads(), torch.get_num_threads()
-        if threads is None or threads == previous:
-            return _onednn_linear(linear, rows)
-        torch.set_num_threads(threads)  # 0.2 us; the pass's other ops keep the compute thread's count
-        try:
-            return _onednn_linear(linear, rows)
-        finally:
-            torch.set_num_threads(previous)
+        return _onednn_linear(linear, rows)
 
 
 def padded_rows(count: int) -> int:

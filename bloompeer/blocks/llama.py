@@ -29,7 +29,7 @@ from .kv_cache import token_positions
 from .rope import RotaryFrequencies, rope_frequencies
 from .span import BlockSpan, Linear, Segment, allowed_keys
 
-__all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "Variant", "grouped_attention", "variant_of"]
+__all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "Variant", "grouped_attention", "key_bias", "variant_of"]
 
 
 @dataclass(frozen=True)
@@ -122,10 +122,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor,
+def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_bias: torch.Tensor,
                       scale: float) -> torch.Tensor:
     """Attention of query [batch, heads, new, head_dim] over key/value [batch, kv_heads, kv_length,
-    head_dim] (a view of the cache), allowed [batch, 1, new, kv_length]: [batch, heads, new, head_dim].
+    head_dim] (a view of the cache), key_bias [batch, 1, new, kv_length] (see `key_bias`):
+    [batch, heads, new, head_dim].
 
     Query head h uses key/value head h // (heads / kv_heads). Rather than repeating each key/value
     head for its query heads (a copy of the whole past per step), a key/value head's query heads
@@ -135,13 +136,20 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     if repeats > 1:
         query = query.reshape(batch, key.shape[1], repeats * num_new, head_dim)
         if num_new > 1:
-            allowed = allowed[:, :, None].expand(-1, -1, repeats, -1, -1).reshape(batch, 1, repeats * num_new, -1)
-    output = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scale)
+            key_bias = key_bias[:, :, None].expand(-1, -1, repeats, -1, -1).reshape(batch, 1, repeats * num_new, -1)
+    output = F.scaled_dot_product_attention(query, key, value, attn_mask=key_bias, scale=scale)
     return output.reshape(batch, heads, num_new, head_dim)
 
 
+def key_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask that attention gets for a bool one: 0 where a query sees a key, -inf where not.
+    PyTorch's attention turns a bool mask into exactly this on every call (transformers passes it bool),
+    so making it once per pass gives the same values and saves that conversion per block and segment."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
 class _AttentionInputs:
-    """Per-segment inputs of every block's attention: rotation cos/sin, and the masks by window."""
+    """Per-segment inputs of every block's attention: rotation cos/sin, and the key biases by window."""
 
     def __init__(self, segment: Segment, rope: RotaryFrequencies, windows: set[int | None]):
         batch, num_new, _ = segment.hidden.shape
@@ -155,7 +163,8 @@ class _AttentionInputs:
         cos, sin = rope.cos_sin(positions, segment.hidden.dtype, seen_length)
         self.batch, self.num_new, self.cache = batch, num_new, cache
         self.cos, self.sin = cos[:, :, None], sin[:, :, None]  # [batch, num_new, 1, head_dim]: broadcast over heads
-        self.allowed = {window: allowed_keys(mask, num_new, window) for window in windows}
+        self.key_bias = {window: key_bias(allowed_keys(mask, num_new, window), segment.hidden.dtype)
+                         for window in windows}
 
 
 class _PassAttention(list):
@@ -238,7 +247,7 @@ class LlamaSpan(BlockSpan):
         query, key, value = (part.view(shape).transpose(1, 2) for part in (query, key, value))  # [batch, heads, new, dim]
         if inputs.cache is not None:
             key, value = inputs.cache.update(key, value, attn.layer_idx)  # [batch, kv heads, kv_length, head_dim]
-        context = grouped_attention(query, key, value, inputs.allowed[attn.window], self.scale)
+        context = grouped_attention(query, key, value, inputs.key_bias[attn.window], self.scale)
         return context.transpose(1, 2).reshape(inputs.batch, inputs.num_new, -1)
 
 

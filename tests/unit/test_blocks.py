@@ -166,28 +166,6 @@ def test_batched_segments_equal_separate_requests(spans, span_with_batched_linea
     assert len(calls) == (4 * span.num_blocks if batched_linears else 0)  # only the batched pass used them
 
 
-@torch.no_grad()
-def test_batched_linears_run_on_the_thread_count_set_for_batched_passes(span_with_batched_linears, monkeypatch):
-    """The server measures which count a batched pass runs fastest on (peer/server/thread_choice.py)."""
-    from bloompeer.blocks import Segment, batched_linear
-
-    seen = []
-    onednn_linear = batched_linear._onednn_linear
-    monkeypatch.setattr(batched_linear, "_onednn_linear",
-                        lambda *args: seen.append(torch.get_num_threads()) or onednn_linear(*args))
-    hidden = span_with_batched_linears.config.hidden_size
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        batched_linear.set_batched_threads(2)
-        span_with_batched_linears.forward_segments([Segment(torch.randn(1, 1, hidden)) for _ in range(2)])
-        assert torch.get_num_threads() == 1  # the pass's other ops keep the thread's own count
-    finally:
-        batched_linear.set_batched_threads(1)
-        torch.set_num_threads(before)
-    assert seen == [2] * 4 * span_with_batched_linears.num_blocks
-
-
 def test_layers_hold_the_parameters_of_hfs_block(tiny_checkpoint):
     from transformers.models.bloom.modeling_bloom import BloomBlock
 

@@ -80,13 +80,10 @@ def test_sizes_are_measured_apart_and_one_core_means_one_thread():
     assert {single.choose(ROWS) for _ in range(3 * RETRY_EVERY)} == {1}
 
 
-def _threads_of_this_thread() -> tuple[int, int | None]:
-    """(torch's intra-op threads, the batched linears' threads) of the calling thread."""
+def _threads_of_this_thread() -> int:
     import torch
 
-    from bloompeer.blocks.batched_linear import batched_threads
-
-    return torch.get_num_threads(), batched_threads()
+    return torch.get_num_threads()
 
 
 async def test_the_compute_thread_measures_batched_passes_and_single_requests_apart(compute):
@@ -94,13 +91,13 @@ async def test_the_compute_thread_measures_batched_passes_and_single_requests_ap
 
     cores = torch.get_num_threads()
     batched = [await compute.run(_threads_of_this_thread, rows=ROWS, decode=True, batched=True) for _ in range(2)]
-    assert batched == [(1, 1), (1, cores)]  # each count tried for the linears, on the compute thread; other ops on one
+    assert batched == [1, cores]  # a batched pass: the whole pass, each count tried once
     single = [await compute.run(_threads_of_this_thread, rows=ROWS, decode=True) for _ in range(2)]
-    assert single == [(1, cores), (cores, cores)]  # one request: the whole pass, each count tried once
+    assert single == [1, cores]  # one request of the same size: measured apart, so tried afresh
     prefill = await compute.run(_threads_of_this_thread, rows=512, decode=True)
-    assert prefill[0] == cores  # a long prompt: every thread, not measured
+    assert prefill == cores  # a long prompt: every thread, not measured
     backward = await compute.run(_threads_of_this_thread, rows=1)
-    assert backward[0] == 1  # training on one row: one thread, as a batch in parts must sum alike
+    assert backward == 1  # training on one row: one thread, as a batch in parts must sum alike
 
 
 def test_a_pass_on_one_thread_judges_the_other_cores_by_their_idle_ticks(monkeypatch):

@@ -4,8 +4,8 @@ One thread per device keeps a forward from stalling the network and keeps kernel
 competing for the same cores. On CPU it also picks torch's intra-op thread count per call. An
 inference pass of a few rows (a decode step) runs on the count that such passes measurably run
 fastest with (thread_choice.py): all cores while the others are free, one while something else keeps
-them busy. A pass that batches several sessions' steps runs its linear layers in oneDNN
-(blocks/batched_linear.py) on a count measured apart, and its other ops on one thread.
+them busy. Passes that batch several sessions' steps are measured apart from single requests' (their
+linear layers run in oneDNN, blocks/batched_linear.py, and their attention once per session).
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from typing import TypeVar
 
 import torch
 
-from ...blocks import set_batched_threads
-from ...blocks.batched_linear import MAX_ROWS as BATCHED_LINEAR_MAX_ROWS
 from .thread_choice import ThreadChoice
 
 __all__ = ["ComputeWorker", "MEASURED_MAX_DECODE_ROWS", "SINGLE_THREAD_MAX_ROWS"]
@@ -42,7 +40,7 @@ class ComputeWorker:
         self._max_threads = torch.get_num_threads()
         self._threads = None  # what the compute thread is set to (a per-thread OpenMP setting)
         self._single_choice = ThreadChoice(self._max_threads, self._set_threads)
-        self._batched_choice = ThreadChoice(self._max_threads, set_batched_threads)
+        self._batched_choice = ThreadChoice(self._max_threads, self._set_threads)
 
     async def run(self, fn: Callable[..., T], *args, rows: int = 1 << 30, decode: bool = False,
                   batched: bool = False) -> T:
@@ -55,10 +53,8 @@ class ComputeWorker:
         if not self._cpu:
             return fn(*args)
         if decode and rows <= MEASURED_MAX_DECODE_ROWS:
-            if batched and rows <= BATCHED_LINEAR_MAX_ROWS:
-                self._set_threads(1)
-                return self._batched_choice.run(rows, lambda: fn(*args))
-            return self._single_choice.run(rows, lambda: fn(*args))
+            choice = self._batched_choice if batched else self._single_choice
+            return choice.run(rows, lambda: fn(*args))
         self._set_threads(1 if not decode and rows <= SINGLE_THREAD_MAX_ROWS else self._max_threads)
         return fn(*args)
 
