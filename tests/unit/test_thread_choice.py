@@ -113,3 +113,17 @@ def test_a_pass_on_one_thread_judges_the_other_cores_by_their_idle_ticks(monkeyp
         choice.record(8, 2, 1.0)  # now slower than one thread, pass after pass
     choice.run(8, lambda: time.sleep(0.06))
     assert choice.others_free is True
+
+
+def test_other_cores_turning_free_make_a_size_settled_on_one_thread_try_more_at_once(monkeypatch):
+    readings = iter([1000, 1000, 2000, 2004])  # a busy one-thread pass, then a free one (4 idle ticks of ~6)
+    monkeypatch.setattr(thread_choice, "_idle_ticks", lambda: next(readings))
+    choice = ThreadChoice(max_threads=2)
+    choice._others_ticks_per_s = 100  # one other core, 100 ticks a second
+    _run(choice, 2, {1: 0.140, 2: 0.120})
+    _run(choice, 8 * RETRY_EVERY, {1: 0.140, 2: 2.0})  # the other core got busy: one thread, tries lost
+    assert choice.choose(ROWS) == 1
+    choice.run(ROWS, lambda: time.sleep(0.06))  # on one thread, the other core busy
+    assert choice.choose(ROWS) == 1
+    choice.run(ROWS, lambda: time.sleep(0.06))  # on one thread, the other core free again
+    assert [choice.choose(ROWS) for _ in range(TRY_PASSES)] == [2] * TRY_PASSES  # a try, not 128 passes later
