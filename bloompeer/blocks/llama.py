@@ -29,7 +29,7 @@ from .kv_cache import token_positions
 from .rope import RotaryFrequencies, rope_frequencies
 from .span import BlockSpan, Linear, Segment, allowed_keys
 
-__all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "Variant", "grouped_attention", "key_bias", "variant_of"]
+__all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "Variant", "grouped_attention", "variant_of"]
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_bias: torch.Tensor,
                       scale: float) -> torch.Tensor:
     """Attention of query [batch, heads, new, head_dim] over key/value [batch, kv_heads, kv_length,
-    head_dim] (a view of the cache), key_bias [batch, 1, new, kv_length] (see `key_bias`):
+    head_dim] (a view of the cache), key_bias [batch, 1, new, kv_length] (see `as_key_bias`):
     [batch, heads, new, head_dim].
 
     Query head h uses key/value head h // (heads / kv_heads). Rather than repeating each key/value
@@ -141,7 +141,7 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return output.reshape(batch, heads, num_new, head_dim)
 
 
-def key_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def as_key_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The additive mask that attention gets for a bool one: 0 where a query sees a key, -inf where not.
     PyTorch's attention turns a bool mask into exactly this on every call (transformers passes it bool),
     so making it once per pass gives the same values and saves that conversion per block and segment."""
@@ -163,7 +163,7 @@ class _AttentionInputs:
         cos, sin = rope.cos_sin(positions, segment.hidden.dtype, seen_length)
         self.batch, self.num_new, self.cache = batch, num_new, cache
         self.cos, self.sin = cos[:, :, None], sin[:, :, None]  # [batch, num_new, 1, head_dim]: broadcast over heads
-        self.key_bias = {window: key_bias(allowed_keys(mask, num_new, window), segment.hidden.dtype)
+        self.key_bias = {window: as_key_bias(allowed_keys(mask, num_new, window), segment.hidden.dtype)
                          for window in windows}
 
 
