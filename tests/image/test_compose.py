@@ -39,10 +39,11 @@ def service_argv(service: dict, image_entrypoint: list[str]) -> list[str]:
 
 @pytest.fixture
 def services(image, tmp_path):
-    """start(name) -> the service's process in a container of its own; every container removed after."""
+    """start(name) -> the service's process in a container of its own; every container removed after,
+    and the services' logs printed (pytest shows them if the test failed)."""
     compose = yaml.safe_load(COMPOSE_FILE.read_text())
     volume_dirs = {name: tmp_path / "volumes" / name for name in compose["volumes"]}
-    containers = []
+    containers, started = [], {}
 
     def volume(name: str, inside: str) -> Path:
         host = volume_dirs[name]
@@ -63,7 +64,8 @@ def services(image, tmp_path):
 
     def start(name: str):
         container = container_for(name)
-        return container, container.start(name, service_argv(compose["services"][name], ["bloompeer"]), tmp_path)
+        started[name] = container.start(name, service_argv(compose["services"][name], ["bloompeer"]), tmp_path)
+        return container, started[name]
 
     def run(name: str, timeout_s: float):
         container = container_for(name)
@@ -72,6 +74,8 @@ def services(image, tmp_path):
     yield start, run
     for container in reversed(containers):
         container.close()
+    for name, process in started.items():
+        print(f"--- {name}'s log ---\n{process.log_tail()}")
 
 
 def test_compose_services_generate_and_the_server_drains_on_sigterm(services, tmp_path, demo_continuation):

@@ -34,7 +34,7 @@ class FixedDirectory:
 def swarm_of(*records: ServerRecord, rtts_s: dict[str, float] | None = None) -> SwarmView:
     """A view that knows these servers and their round trips already, so it never pings."""
     view = SwarmView(None, FixedDirectory(list(records)), "tiny", NUM_BLOCKS, None, refresh_period_s=3600.0)
-    view.servers = {i: [r for r in records if r.start <= i < r.end] for i in range(NUM_BLOCKS)}
+    view.announced = view.servers = {i: [r for r in records if r.start <= i < r.end] for i in range(NUM_BLOCKS)}
     view.rtts_s = {r.peer_id: (rtts_s or {}).get(r.peer_id, 0.001) for r in records}
     view._pinged_at = dict.fromkeys(view.rtts_s, time.monotonic())
     view._updated_at = time.monotonic()

@@ -4,7 +4,7 @@ from bloompeer.p2p import RequestLimits, ServerRecord, ServerState
 from bloompeer.peer.client.errors import MissingBlocksError, block_ranges
 from bloompeer.peer.client.routing import (
     RequestSize, SpanRoute, choose_plan, choose_push_route, choose_route, missing_blocks, refusal_everywhere,
-    usable_servers,
+    usable_servers, why_no_route,
 )
 
 
@@ -69,6 +69,19 @@ def test_servers_storing_weights_in_a_way_the_client_refuses_are_dropped():
     assert {r.peer_id for records in only_float.values() for r in records} == {"float"}
     assert choose_route(usable_servers(everyone, "f", quant_allowed=("int4",)), 0, 4) is None
     assert missing_blocks(usable_servers(everyone, "f", quant_allowed=("int8", "int4")), 0, 4) == []
+
+
+def test_why_no_route_names_each_server_of_the_first_unserved_block_and_what_it_lacks():
+    announced = _by_block([_record("full-server", 0, 2, cache=3), _record("other-weights", 0, 2, fingerprint="g"),
+                           _record("leaving-server", 0, 2, state=ServerState.DRAINING),
+                           _record("failed-server", 0, 2), _record("ok-server", 2, 4)], 4)
+    seen = why_no_route(announced, 0, 4, "f", banned={"failed-server"}, min_cache_tokens=16)
+    assert seen.startswith("block 0 is announced by ")
+    for reason in ("...l-server (3 cache tokens left of the 16 needed)", "...-weights (other weights",
+                   "...g-server (draining, not online)", "...d-server (not used for now after failing)"):
+        assert reason in seen
+    assert why_no_route(announced, 2, 4, "f", min_cache_tokens=16) == "their servers do not join up into one chain"
+    assert why_no_route(_by_block([_record("a", 0, 2)], 4), 0, 4, "f") == "no server announces block 2"
 
 
 def test_missing_blocks_message_names_ranges():

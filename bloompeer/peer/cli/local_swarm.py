@@ -177,7 +177,8 @@ class PeerProcess:
         return int(start), int(end)
 
     def log_tail(self, lines: int = 30) -> str:
-        self._log.flush()
+        if not self._log.closed:  # closed once the process is stopped; the file stays
+            self._log.flush()
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(f"  {self.name}| {line}" for line in text[-lines:])
 

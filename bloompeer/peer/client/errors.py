@@ -16,9 +16,12 @@ __all__ = ["MissingBlocksError", "RequestTooLargeError", "block_ranges"]
 class MissingBlocksError(BloompeerError):
     """No usable server for some blocks: none announced, or every one failed or is banned."""
 
-    def __init__(self, model_uid: str, missing: list[int], waited_s: float, last_error: str | None = None):
+    def __init__(self, model_uid: str, missing: list[int], waited_s: float, last_error: str | None = None,
+                 seen: str | None = None):
+        """last_error: how the last server tried failed; seen: what the swarm shows for those blocks."""
         self.model_uid, self.missing = model_uid, missing
         reason = f"; the last server to try failed with: {last_error}" if last_error else ""
+        reason += f"; on the DHT: {seen}" if seen else ""
         super().__init__(
             f"no usable server in the swarm for block(s) {block_ranges(missing)} of {model_uid} "
             f"(waited {waited_s:.0f} s{reason}). "

@@ -25,7 +25,7 @@ from ...p2p import RequestLimits, ServerRecord, ServerState
 
 __all__ = [
     "RequestSize", "RoutePlan", "SpanRoute", "choose_plan", "choose_push_route", "choose_route", "missing_blocks",
-    "refusal_everywhere", "usable_servers", "UNKNOWN_RTT_S", "RELAY_PENALTY_S",
+    "refusal_everywhere", "usable_servers", "why_no_route", "why_unusable", "UNKNOWN_RTT_S", "RELAY_PENALTY_S",
 ]
 
 UNKNOWN_RTT_S = 0.05  # a server not pinged yet is assumed this far away
@@ -92,13 +92,41 @@ def usable_servers(servers: dict[int, list[ServerRecord]], fingerprint: str | No
                    ) -> dict[int, list[ServerRecord]]:
     """Online servers with the client's weights (among `trusted`, if given, and storing them in one of
     the `quant_allowed` ways, if given), per block."""
-    return {
-        index: [r for r in records if r.state is ServerState.ONLINE
-                and (fingerprint is None or r.weights_fingerprint == fingerprint)
-                and (not trusted or r.peer_id in trusted)
-                and (quant_allowed is None or r.quant in quant_allowed)]
-        for index, records in servers.items()
-    }
+    return {index: [r for r in records if why_unusable(r, fingerprint, trusted, quant_allowed) is None]
+            for index, records in servers.items()}
+
+
+def why_unusable(record: ServerRecord, fingerprint: str | None, trusted: Collection[str] = (),
+                 quant_allowed: Collection[str] | None = None) -> str | None:
+    """Why a client with these settings never routes through this server (None: it may)."""
+    if record.state is not ServerState.ONLINE:
+        return f"{record.state.value}, not online"
+    if fingerprint is not None and record.weights_fingerprint != fingerprint:
+        return "other weights under this model's name"
+    if trusted and record.peer_id not in trusted:
+        return "not among the trusted servers"
+    if quant_allowed is not None and record.quant not in quant_allowed:
+        return f"weights stored as {record.quant}, which this client does not allow"
+    return None
+
+
+def why_no_route(announced: dict[int, list[ServerRecord]], start: int, end: int, fingerprint: str | None,
+                 trusted: Collection[str] = (), quant_allowed: Collection[str] | None = None,
+                 banned: Collection[str] = (), min_cache_tokens: int = 0) -> str:
+    """What the DHT shows for the first block in [start, end) that no usable server with cache room
+    serves: nobody announcing it, or each of its servers and why it was passed over."""
+    for index in range(start, end):
+        records = announced.get(index, [])
+        if not records:
+            return f"no server announces block {index}"
+        reasons = [why_unusable(r, fingerprint, trusted, quant_allowed)
+                   or ("not used for now after failing" if r.peer_id in banned else None)
+                   or (f"{r.cache_tokens_left} cache tokens left of the {min_cache_tokens} needed"
+                       if r.cache_tokens_left < min_cache_tokens else None) for r in records]
+        if all(reasons):
+            return f"block {index} is announced by " + "; ".join(
+                f"...{r.peer_id[-8:]} ({reason})" for r, reason in zip(records, reasons))
+    return "their servers do not join up into one chain"
 
 
 def missing_blocks(servers: dict[int, list[ServerRecord]], start: int, end: int,

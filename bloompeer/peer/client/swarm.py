@@ -20,6 +20,7 @@ from .errors import MissingBlocksError, RequestTooLargeError, block_ranges
 from .health import BanList, ping
 from .routing import (
     RequestSize, RoutePlan, SpanRoute, choose_plan, missing_blocks, refusal_everywhere, usable_servers,
+    why_no_route,
 )
 
 __all__ = ["SwarmView"]
@@ -46,15 +47,16 @@ class SwarmView:
         self.trusted = frozenset(trusted)
         self.quant_allowed = None if quant_allowed is None else frozenset(quant_allowed)
         self.refresh_period_s, self.ping_timeout_s = refresh_period_s, ping_timeout_s
-        self.servers: dict[int, list[ServerRecord]] = {}
+        self.announced: dict[int, list[ServerRecord]] = {}  # every record found, usable or not
+        self.servers: dict[int, list[ServerRecord]] = {}  # those this client may route through
         self.rtts_s: dict[str, float] = {}
         self.bans = BanList()
         self._pinged_at: dict[str, float] = {}
         self._updated_at = float("-inf")
 
     async def refresh(self) -> None:
-        found = await self.directory.find_servers(self.model_uid, self.num_blocks)
-        self.servers = usable_servers(found, self.fingerprint, self.trusted, self.quant_allowed)
+        self.announced = await self.directory.find_servers(self.model_uid, self.num_blocks)
+        self.servers = usable_servers(self.announced, self.fingerprint, self.trusted, self.quant_allowed)
         self._updated_at = time.monotonic()
         await self._ping_stale()
 
@@ -114,7 +116,9 @@ class SwarmView:
             missing = missing_blocks(self.servers, start, end, banned) or list(range(start, end))
             waited_s = time.monotonic() - started
             if waited_s >= timeout_s:
-                raise MissingBlocksError(self.model_uid, missing, waited_s)
+                seen = why_no_route(self.announced, start, end, self.fingerprint, self.trusted, self.quant_allowed,
+                                    banned, min_cache_tokens)
+                raise MissingBlocksError(self.model_uid, missing, waited_s, seen=seen)
             if missing != announced_missing:
                 logger.warning("No usable server for block(s) %s of %s yet; waiting up to %.0f s more",
                                block_ranges(missing), self.model_uid, timeout_s - waited_s)
