@@ -1,6 +1,9 @@
 """Shared fixtures: tiny random BLOOM checkpoints written to temp dirs (tests never download), and one
 swarm for the whole run (a bootstrap peer and two servers as real processes on 127.0.0.1) that every
-test directory shares, with servers of their own started on it where a test needs them."""
+test directory shares, with servers of their own started on it where a test needs them.
+
+Peers on 127.0.0.1 start through one fork server (bloompeer/peer/cli/fork_server.py): the real CLI in
+processes of their own, without each one spending seconds of CPU on importing torch."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from transformers import AutoTokenizer, BloomForCausalLM
 
 from bloompeer.p2p import NetworkConfig, PeerNode
 from bloompeer.peer.cli.default_model import write_random_checkpoint
+from bloompeer.peer.cli.fork_server import ForkServer
 from bloompeer.peer.cli.local_swarm import LocalSwarm, stop_in_parallel
 
 TINY_BLOCKS = 4
@@ -65,8 +69,15 @@ def reference_model(tiny_checkpoint) -> BloomForCausalLM:
 
 
 @pytest.fixture(scope="session")
-def swarm(tiny_checkpoint, tmp_path_factory):
-    with LocalSwarm(tiny_checkpoint, [(0, 2), (2, 4)], log_dir=tmp_path_factory.mktemp("swarm-logs")) as swarm:
+def fork_server():
+    with ForkServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def swarm(fork_server, tiny_checkpoint, tmp_path_factory):
+    with LocalSwarm(tiny_checkpoint, [(0, 2), (2, 4)], log_dir=tmp_path_factory.mktemp("swarm-logs"),
+                    launch=fork_server.launch) as swarm:
         yield swarm
 
 

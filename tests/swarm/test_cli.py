@@ -16,7 +16,7 @@ import torch
 from transformers import AutoTokenizer, BloomForCausalLM
 
 from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR
-from bloompeer.peer.cli.local_swarm import PeerProcess
+from bloompeer.peer.cli.local_swarm import BLOOMPEER_COMMAND, PeerProcess
 
 from .conftest import MARKER_ENV, processes_with_env
 
@@ -165,7 +165,9 @@ def test_the_command_line_loads_no_heavy_module_before_it_must():
 def test_server_stops_on_sigterm_and_leaves_nothing_running(swarm, whole_group):
     """SIGTERM to the server (docker stop), or to its whole process group with its daemon (systemd)."""
     marker = uuid.uuid4().hex
-    server = swarm.add_server(0, 1, name=f"sigterm-{whole_group}", env={MARKER_ENV: marker})
+    # a new interpreter, not a fork (tests/conftest.py): its marker then shows in /proc/PID/environ
+    server = swarm.add_server(0, 1, name=f"sigterm-{whole_group}", env={MARKER_ENV: marker},
+                              program=BLOOMPEER_COMMAND)
     assert len(processes_with_env(MARKER_ENV, marker)) >= 2  # the server and its p2pd
     if whole_group:
         os.killpg(server.pid, signal.SIGTERM)

@@ -15,8 +15,9 @@ HELDOUT_PERPLEXITY_CEILING = 32.0
 
 
 @pytest.fixture(scope="module")
-def demo_swarm(swarm, tmp_path_factory):
-    with LocalSwarm(DEMO_MODEL_DIR, [(0, 3), (3, 6)], log_dir=tmp_path_factory.mktemp("demo-logs")) as demo:
+def demo_swarm(swarm, fork_server, tmp_path_factory):
+    with LocalSwarm(DEMO_MODEL_DIR, [(0, 3), (3, 6)], log_dir=tmp_path_factory.mktemp("demo-logs"),
+                    launch=fork_server.launch) as demo:
         yield demo
 
 

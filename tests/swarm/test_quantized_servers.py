@@ -21,7 +21,7 @@ import torch
 from bloompeer.p2p import INFERENCE_PROTOCOL, CloseSession, NetworkConfig, OpenSession, PeerNode, Step, read_frame
 from bloompeer.p2p import write_frame
 from bloompeer.peer.cli.default_model import write_random_checkpoint
-from bloompeer.peer.cli.local_swarm import stop_in_parallel
+from bloompeer.peer.cli.local_swarm import BLOOMPEER_COMMAND, stop_in_parallel
 from bloompeer.peer.client.verification import relative_error
 from tests.wire import raw_stream
 
@@ -58,8 +58,10 @@ def quantized_swarm(swarm, tiny_checkpoint, memory_checkpoint, tmp_path_factory)
     servers = {"float": start("tiny-float", *SLOW, *metrics),
                "int8": start("tiny-int8", "--quant", "int8", *SLOW, *metrics),
                "liar": start("tiny-int8-liar", "--quant", "int8", *FAST, *metrics, program=LIAR)}
+    # new interpreters, not forks (tests/conftest.py): a fork's RSS would count pages of its fork server's
     memory = {kind: start(f"memory-{kind}", "--quant", kind, "--throughput", "1", "--cache-tokens",
-                          str(SESSIONS * MAX_LENGTH), "--max-length", str(MAX_LENGTH), checkpoint=memory_checkpoint)
+                          str(SESSIONS * MAX_LENGTH), "--max-length", str(MAX_LENGTH), checkpoint=memory_checkpoint,
+                          program=BLOOMPEER_COMMAND)
               for kind in KINDS}
     try:
         deadline = time.monotonic() + 240

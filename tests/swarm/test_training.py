@@ -35,9 +35,9 @@ def steerable_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def training_swarm(swarm, steerable_checkpoint, tmp_path_factory):
-    with LocalSwarm(steerable_checkpoint, [(0, 4), (0, 2), (2, 4)],
-                    log_dir=tmp_path_factory.mktemp("training-logs")) as training:
+def training_swarm(swarm, fork_server, steerable_checkpoint, tmp_path_factory):
+    with LocalSwarm(steerable_checkpoint, [(0, 4), (0, 2), (2, 4)], log_dir=tmp_path_factory.mktemp("training-logs"),
+                    launch=fork_server.launch) as training:
         yield training
 
 

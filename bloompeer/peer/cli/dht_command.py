@@ -34,15 +34,16 @@ def run(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace) -> int:
     from ...p2p import PeerNode
 
+    stop = signal_event()  # before the first line: whoever waits for it may send SIGTERM at once
     node = await PeerNode.create(network_config(args, relay_for_others=not args.no_relay))
     try:
         maddrs = await reachable_first(node)
+        if args.maddrs_file:  # before the lines: who reads those may read the file next
+            Path(args.maddrs_file).write_text("".join(f"{maddr}\n" for maddr in maddrs))
         for maddr in maddrs:
             print(maddr, flush=True)
-        if args.maddrs_file:
-            Path(args.maddrs_file).write_text("".join(f"{maddr}\n" for maddr in maddrs))
         logger.info("Bootstrap peer %s is up; stop it with Ctrl-C", node.peer_id_str)
-        await signal_event().wait()
+        await stop.wait()
     finally:
         await node.shutdown()
     return 0

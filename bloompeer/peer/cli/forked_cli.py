@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Sequence
 from typing import IO
 
-__all__ = ["ForkedCli"]
+__all__ = ["ForkedCli", "run_in_child"]
 
 
 class ForkedCli:
@@ -39,7 +39,7 @@ class ForkedCli:
         self.pid = os.fork()
         if self.pid == 0:
             os.close(read_end)
-            _run_in_child(args, write_end, stderr.fileno(), env)  # never returns
+            run_in_child(args, write_end, stderr.fileno(), env)  # never returns
         os.close(write_end)
         self.stdout = os.fdopen(read_end, "r")
         self.returncode: int | None = None
@@ -66,7 +66,8 @@ class ForkedCli:
         os.close(self._pidfd)
 
 
-def _run_in_child(args: Sequence[str], stdout_fd: int, stderr_fd: int, env: dict[str, str]) -> None:
+def run_in_child(args: Sequence[str], stdout_fd: int, stderr_fd: int, env: dict[str, str]) -> None:
+    """In a just-forked child: run `bloompeer ARGS` with these stdout and stderr, then exit with its code."""
     code = 1
     try:
         os.setsid()

@@ -22,17 +22,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 from ...errors import BloompeerError
+from .forked_cli import ForkedCli
 from .import_gc import imports_without_gc
 from .local_config import local_num_blocks
 
 __all__ = [
-    "EXIT_WITH_PARENT_ENV", "LocalSwarm", "LocalSwarmConfig", "ONE_COMMAND_SWARM", "ProcessFailed", "PeerProcess",
-    "model_num_blocks", "split_blocks", "start_local_swarm", "stop_in_parallel",
+    "EXIT_WITH_PARENT_ENV", "Launch", "LocalSwarm", "LocalSwarmConfig", "ONE_COMMAND_SWARM", "ProcessFailed",
+    "PeerProcess", "import_what_servers_run", "model_num_blocks", "split_blocks", "start_local_swarm", "stop_in_parallel",
 ]
 
 logger = logging.getLogger(__name__)
@@ -40,6 +42,10 @@ logger = logging.getLogger(__name__)
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 BLOOMPEER_COMMAND = (sys.executable, "-m", "bloompeer")
 EXIT_WITH_PARENT_ENV = "BLOOMPEER_EXIT_WITH_PARENT"  # the child's cli.main arranges a SIGTERM when we die
+
+# Starts `bloompeer ARGS` with stderr into a file and these variables added to the environment; returns
+# what PeerProcess uses of a Popen (pid, stdout, poll, wait, returncode): ForkedCli, ForkServer.launch
+Launch = Callable[[Sequence[str], IO, dict[str, str]], Any]
 
 
 class ProcessFailed(BloompeerError, RuntimeError):
@@ -88,20 +94,19 @@ def model_num_blocks(model: str | Path) -> int:
 class PeerProcess:
     """One `bloompeer` child process, its stdout lines and its stderr log file.
 
-    fork: run the CLI in a fork of this process (see forked_cli.py) instead of `program`.
+    launch: start the CLI with it instead of running `program` (ForkedCli: as a fork of this process;
+    a ForkServer's launch: as a fork of that one).
     read_now=False: no thread reads stdout until start_reading() (this process may still fork);
     until then wait_for_line reads in the calling thread."""
 
     def __init__(self, name: str, args: Sequence[str], log_dir: Path, env: dict[str, str] | None = None,
-                 program: Sequence[str] = BLOOMPEER_COMMAND, fork: bool = False, read_now: bool = True):
+                 program: Sequence[str] = BLOOMPEER_COMMAND, launch: Launch | None = None, read_now: bool = True):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")
         env = {EXIT_WITH_PARENT_ENV: str(os.getpid()), **(env or {})}
-        if fork:
-            from .forked_cli import ForkedCli
-
-            self.process = ForkedCli(args, self._log, env)
+        if launch is not None:
+            self.process = launch(args, self._log, env)
         else:
             self.process = subprocess.Popen([*program, *args], stdout=subprocess.PIPE, stderr=self._log, text=True,
                                             env={**os.environ, **env}, start_new_session=True)
@@ -210,9 +215,11 @@ class LocalSwarm:
 
     def __init__(self, model: str, spans: Sequence[tuple[int, int]], server_args: Sequence[str] = (),
                  log_dir: str | Path | None = None, start_timeout_s: float = 120.0,
-                 config: LocalSwarmConfig = LocalSwarmConfig()):
+                 config: LocalSwarmConfig = LocalSwarmConfig(), launch: Launch | None = None):
+        """launch: how peers start unless config.fork has this process fork them (default: as new
+        interpreters; a ForkServer's launch where many peers start, as in the tests)."""
         self.model, self.spans, self.server_args = str(model), list(spans), list(server_args)
-        self.start_timeout_s, self.config = start_timeout_s, config
+        self.start_timeout_s, self.config, self.launch = start_timeout_s, config, launch
         self._tmp = None if log_dir is not None else tempfile.TemporaryDirectory(prefix="bloompeer-swarm-")
         self.log_dir = Path(log_dir if log_dir is not None else self._tmp.name)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -232,9 +239,9 @@ class LocalSwarm:
         try:
             deadline = time.monotonic() + self.start_timeout_s
             self.bootstrap = PeerProcess("bootstrap", ["dht", "--host-maddrs", LOOPBACK, *self.config.bootstrap_args()],
-                                         self.log_dir, fork=fork, read_now=not fork)
+                                         self.log_dir, launch=ForkedCli if fork else self.launch, read_now=not fork)
             if fork:
-                _import_what_servers_run()  # while the bootstrap peer starts
+                import_what_servers_run()  # while the bootstrap peer starts
             self.initial_peers = [self.bootstrap.wait_for_line("/", deadline)]
             for start, end in self.spans:  # all servers start in parallel
                 self.servers.append(self._server_process(start, end, fork=fork))
@@ -273,8 +280,9 @@ class LocalSwarm:
         blocks = [] if start is None else ["--blocks", f"{start}:{end}"]
         args = ["serve", "--model", str(model or self.model), *blocks, "--host-maddrs", LOOPBACK, "--no-relay",
                 "--initial-peers", *self.initial_peers, *self.config.server_args(), *self.server_args, *extra_args]
+        launch = ForkedCli if fork else None if program else self.launch
         return PeerProcess(name or f"server{len(self.servers)}-{start}-{end}", args, self.log_dir, env,
-                           program or BLOOMPEER_COMMAND, fork=fork, read_now=not fork)
+                           program or BLOOMPEER_COMMAND, launch=launch, read_now=not fork)
 
     def stop(self) -> None:
         """Stop every process (servers first, in parallel), SIGKILLing any that hang."""
@@ -316,7 +324,7 @@ def start_local_swarm(model_path: str, stack: contextlib.ExitStack, log_dir: str
     return swarm.start(wait_online=wait_online)
 
 
-def _import_what_servers_run() -> None:
+def import_what_servers_run() -> None:
     """Import the server's modules (torch, transformers, hivemind) once, here, for the forks to share."""
     with imports_without_gc():
         import uvloop  # noqa: F401  (cli.main runs the server in it)
