@@ -114,14 +114,18 @@ class Checkpoint:
         return {name.removeprefix(prefix) if prefix else name: (shard, name) for name, shard in raw_map.items()}
 
     def fingerprint(self) -> str:
-        """A digest of the config and of the tensor layout (names, shards), plus the hub revision.
+        """A digest of config.json as stored and of the tensor layout (names, shards).
 
         Every peer can compute it without reading other peers' shards, so servers announce it and
         clients refuse chains that mix checkpoints. It does not hash tensor values: two checkpoints
-        with the same layout and different values are told apart only by their names.
+        with the same layout and different values are told apart only by their names. Nor does it
+        depend on the peer's transformers: not on its defaults (the file, not a config object, is
+        hashed), nor on the version that wrote the file (its "transformers_version" is left out).
         """
+        config_json = json.loads(self.file("config.json").read_text())
+        config_json.pop("transformers_version", None)
         digest = hashlib.sha256()
-        digest.update(json.dumps(self.config().to_diff_dict(), sort_keys=True).encode())
+        digest.update(json.dumps(config_json, sort_keys=True).encode())
         digest.update(json.dumps(sorted(self.weight_map().items())).encode())
         return digest.hexdigest()[:16]
 

@@ -1,11 +1,13 @@
 """The hub code path (huggingface_hub's cache and download functions), exercised offline through a
 local hub cache that holds only some shards: what a server needs must be all it asks for."""
 
+import json
 import shutil
 
 import huggingface_hub.constants
 import pytest
 import torch
+import transformers.configuration_utils
 
 from bloompeer.blocks import CheckpointError, open_checkpoint
 from bloompeer.blocks.bloom import BLOOM
@@ -48,6 +50,22 @@ def test_a_missing_shard_is_a_clear_error(partial_hub_cache):
 def test_fingerprint_is_the_same_from_the_hub_and_from_a_directory(partial_hub_cache, tiny_checkpoint):
     assert open_checkpoint(REPO, cache_dir=str(partial_hub_cache)).fingerprint() == \
         open_checkpoint(tiny_checkpoint).fingerprint()
+
+
+def test_fingerprint_ignores_transformers_versions_not_the_configs_values(tiny_checkpoint, tmp_path, monkeypatch):
+    """Volunteers run different transformers releases; their servers of one checkpoint must agree."""
+    def copy_with(**fields) -> str:
+        path = tmp_path / f"copy-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(tiny_checkpoint, path)
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps(config | fields))
+        return open_checkpoint(path).fingerprint()
+
+    original = open_checkpoint(tiny_checkpoint).fingerprint()
+    monkeypatch.setattr(transformers.configuration_utils, "__version__", "9.9.9")  # the running release
+    assert open_checkpoint(tiny_checkpoint).fingerprint() == original
+    assert copy_with(transformers_version="4.0.0") == original  # the release that wrote the file
+    assert copy_with(layer_norm_epsilon=1e-3) != original
 
 
 @pytest.mark.parametrize("name", ["./no-such-dir", "/abs/missing", "a/b/c"])
