@@ -83,6 +83,7 @@ def test_a_span_moved_next_to_its_own_server_is_pushed_on(swarm, fresh_model, st
         first.signal(signal.SIGKILL)
 
     with _client(swarm, fresh_model, push=True, recovery_timeout_s=10.0) as model, torch.inference_mode():
+        _wait_until_both_seen(model, {first.peer_id_str, spare[0].peer_id_str})  # the first route is tested
         tokens = model.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
                                 logits_processor=LogitsProcessorList([AtCall(4, kill_first),
                                                                       AtCall(NEW_TOKENS, note_route)]))
