@@ -141,8 +141,8 @@ def _fork(request: dict, stdout_fd: int, stderr_fd: int, status_fd: int, childre
         os.chdir(request["cwd"])
         os.environ.clear()
         env = request["env"]
-        if EXIT_WITH_PARENT_ENV in env:  # the peer's parent is this fork server, which outlives no user
-            env[EXIT_WITH_PARENT_ENV] = str(os.getppid())
+        if EXIT_WITH_PARENT_ENV in env:  # the parent to outlive no longer is the user but this fork server,
+            env[EXIT_WITH_PARENT_ENV] = str(os.getppid())  # which exits when its user does
         run_in_child(request["args"], stdout_fd, stderr_fd, env)  # never returns
     os.close(stdout_fd)
     os.close(stderr_fd)

@@ -34,7 +34,8 @@ from .local_config import local_num_blocks
 
 __all__ = [
     "EXIT_WITH_PARENT_ENV", "Launch", "LocalSwarm", "LocalSwarmConfig", "ONE_COMMAND_SWARM", "ProcessFailed",
-    "PeerProcess", "import_what_servers_run", "model_num_blocks", "split_blocks", "start_local_swarm", "stop_in_parallel",
+    "PeerProcess", "import_what_servers_run", "model_num_blocks", "split_blocks", "start_local_swarm",
+    "stop_in_parallel",
 ]
 
 logger = logging.getLogger(__name__)
