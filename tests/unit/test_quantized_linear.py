@@ -56,10 +56,14 @@ def hand_dequantized(layer: QuantizedLinear, weight: torch.Tensor) -> torch.Tens
     return ((q - 8) * scales + zeros).view_as(weight)
 
 
-def hand_output(rows: torch.Tensor, dequantized: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """bfloat16 input, float32 product, rounded to bfloat16 as the kernel's output is, plus the bias;
+def hand_output(rows: torch.Tensor, dequantized: torch.Tensor, bias: torch.Tensor, kind: str) -> torch.Tensor:
+    """int8: each row rounded to int8 steps of its own scale (max |x| / 127), float32 product; 4-bit:
+    bfloat16 input, float32 product rounded to bfloat16 as the kernel's output is. Plus the bias;
     the roundings pass gradients straight through, as the layer's backward does."""
-    output = _bfloat16_rounded(F.linear(_bfloat16_rounded(rows), dequantized))
+    if kind == "int8":
+        output = F.linear(_int8_rows_rounded(rows), dequantized)
+    else:
+        output = _bfloat16_rounded(F.linear(_bfloat16_rounded(rows), dequantized))
     return output if bias is None else output + bias
 
 
@@ -67,11 +71,22 @@ def _bfloat16_rounded(values: torch.Tensor) -> torch.Tensor:
     return values + (values.bfloat16().float() - values).detach()
 
 
-def assert_within_derived_bound(ours, hand, rows, dequantized):
-    terms = rows.shape[-1]
-    gamma = terms * 2**-24 / (1 - terms * 2**-24)
-    magnitude = F.linear(rows.bfloat16().float().abs(), dequantized.abs())
-    bound = 2 * gamma * magnitude + (2**-8 + 2**-23) * (ours.abs() + hand.abs())
+def _int8_rows_rounded(values: torch.Tensor) -> torch.Tensor:
+    scales = values.abs().amax(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    return values + (torch.round(values / scales) * scales - values).detach()
+
+
+def assert_within_derived_bound(ours, hand, rows, dequantized, kind):
+    """int8: the integer sum is exact, then converted and scaled twice (3 roundings of u = 2^-24);
+    the hand side rounds q * scale and each product and sum (2 gamma_K + 2u of sum |x||w|)."""
+    terms, u = rows.shape[-1], 2**-24
+    gamma = terms * u / (1 - terms * u)
+    if kind == "int8":
+        magnitude = F.linear(_int8_rows_rounded(rows).abs(), dequantized.abs())
+        bound = (2 * gamma + 2 * u) * magnitude + 4 * u * (ours.abs() + hand.abs())
+    else:
+        magnitude = F.linear(rows.bfloat16().float().abs(), dequantized.abs())
+        bound = 2 * gamma * magnitude + (2**-8 + 2**-23) * (ours.abs() + hand.abs())
     excess = (ours - hand).abs() - bound
     assert excess.max() <= 0, f"{(excess > 0).sum()} outputs beyond the bound, worst by {excess.max():.3g}"
 
@@ -95,8 +110,8 @@ def test_output_is_the_same_arithmetic_done_by_hand(float_layer, kind, group_siz
     rows = torch.randn(shape)
     ours = layer(rows)
     assert ours.shape == (*shape[:-1], OUT_FEATURES) and ours.dtype == torch.float32
-    hand = hand_output(rows, dequantized, float_layer.bias)
-    assert_within_derived_bound(ours, hand, rows, dequantized)
+    hand = hand_output(rows, dequantized, float_layer.bias, kind)
+    assert_within_derived_bound(ours, hand, rows, dequantized, kind)
 
 
 @pytest.mark.parametrize(("kind", "group_size"), KINDS, ids=KIND_IDS)
@@ -168,12 +183,12 @@ def test_4bit_weights_refuse_to_run_on_another_device_than_they_were_packed_for(
 class _HandLinear(nn.Module):
     """The hand arithmetic as a module, to stand where a quantized layer stands in a span."""
 
-    def __init__(self, dequantized: torch.Tensor, bias: torch.Tensor):
+    def __init__(self, dequantized: torch.Tensor, bias: torch.Tensor, kind: str):
         super().__init__()
-        self.dequantized, self.bias = dequantized, bias
+        self.dequantized, self.bias, self.kind = dequantized, bias, kind
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        return hand_output(rows, self.dequantized, self.bias)
+        return hand_output(rows, self.dequantized, self.bias, self.kind)
 
 
 def _quantized_span_and_hand_reference(kind: str, family: str) -> tuple[BlockSpan, BlockSpan, BlockSpan]:
@@ -191,7 +206,7 @@ def _quantized_span_and_hand_reference(kind: str, family: str) -> tuple[BlockSpa
         for name, layer in block.named_modules():
             if isinstance(layer, QuantizedLinear):
                 parent, _, child = name.rpartition(".")
-                hand = _HandLinear(hand_dequantized(layer, floats[name].weight), layer.bias)
+                hand = _HandLinear(hand_dequantized(layer, floats[name].weight), layer.bias, kind)
                 setattr(reference_block.get_submodule(parent), child, hand)
     return span, reference, float_span
 
