@@ -6,6 +6,7 @@ volunteer's machine. For a 1024x4096 layer on one thread (median CPU time; 2-cor
 with other work; `python benchmarks/quantization.py`): one row 343 us with float32 F.linear,
 115 us with int8 and 118-129 us with 4-bit weights; eight rows 1487, 438 and 409-420 us. A long
 prefill gains less (512 rows: 43.4 ms float32 with MKL, 19.2 through oneDNN, 26-28 quantized).
+(Those int8 figures are the weight-only kernel's, which int8 no longer uses on the CPU: below.)
 
 What is computed, 4-bit (and int8 off the CPU): the matmul's input is rounded to bfloat16 (the
 weight-only kernels' fast path: with float32 activations the int8 one took 2.8 ms a row, the 4-bit

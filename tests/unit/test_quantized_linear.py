@@ -232,7 +232,7 @@ def test_a_quantized_span_computes_the_hand_arithmetic_alone_batched_and_backwar
     with torch.no_grad():
         ours, hand = span(hidden, mask), reference(hidden, mask)
         torch.testing.assert_close(ours, hand, rtol=0, atol=one_flipped_rounding(hand))
-        if kind == "int4":  # int8's difference from float32 is itself about one bfloat16 ulp
+        if kind == "int4":  # int8's difference from float32 is too small at these widths to tell apart
             assert (ours - float_span(hidden, mask)).abs().max() > 3 * one_flipped_rounding(hand)
         steps = [torch.randn(1, 1, BLOCK_CONFIG.hidden_size), torch.randn(3, 2, BLOCK_CONFIG.hidden_size)]
         batched = span.forward_segments([Segment(step) for step in steps])
