@@ -12,7 +12,12 @@ with float32 in the same run.
    model cast to bfloat16 for comparison. Goals (issue 27): int8 within 0.5 % of float32, 4-bit
    within 2 %.
 
-    python benchmarks/quantization.py [--skip-kernels] [--repeats N]
+With --device cuda both run on the GPU, through CUDA's kernels: the layers are the bloom-560m one
+and a Llama-3-8B MLP one (4096 inputs, 14336 outputs), timed with CUDA events (median and min
+of the repeats), against bfloat16 F.linear (what `serve --device cuda --dtype bfloat16` computes)
+and against the floor of reading the weights once at the copy bandwidth measured in the same run.
+
+    python benchmarks/quantization.py [--skip-kernels] [--repeats N] [--device cuda]
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from bloompeer.blocks.quantized_linear import GROUP_SIZES, Int4Linear, Int8Linea
 from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR
 
 KERNEL_SHAPE = (1024, 4096)  # (in, out): bloom-560m's dense_h_to_4h
+CUDA_KERNEL_SHAPES = [KERNEL_SHAPE, (4096, 14336)]  # and Llama-3-8B's up_proj, for a GPU's bandwidth
 GOALS = {"int8": 0.005, "int4": 0.02}  # perplexity's relative increase over float32, at most
 
 
@@ -84,6 +90,58 @@ def timed_us(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
     return 1e6 * statistics.median(cpu), 1e6 * min(wall)
 
 
+def cuda_timed_us(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """(median, min) GPU time of `repeats` calls in microseconds, each between two CUDA events."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(1e3 * start.elapsed_time(end))
+    return statistics.median(times), min(times)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 2**30) -> float:
+    """Bytes per second a device-to-device copy moves, counting what it reads and what it writes."""
+    source = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    _, best_us = cuda_timed_us(lambda: target.copy_(source), 20)
+    return 2 * nbytes / (best_us * 1e-6)
+
+
+def cuda_kernel_table(repeats: int, device: torch.device) -> None:
+    torch.manual_seed(0)
+    bandwidth = copy_bandwidth(device)
+    print(f"Kernels on {torch.cuda.get_device_name(device)}, {repeats} repeats, CUDA events; copy bandwidth "
+          f"{bandwidth / 1e9:.0f} GB/s; floor: the weights' bytes read once at that bandwidth; error is "
+          f"|y - y_float32| / |y_float32|")
+    print(f"{'shape':<11} {'weights':<12} {'bytes':>10} {'rows':>4} {'median us':>10} {'min us':>8} "
+          f"{'vs bf16':>8} {'floor us':>9} {'rel. error':>11}")
+    for in_features, out_features in CUDA_KERNEL_SHAPES:
+        linear = nn.Linear(in_features, out_features, device=device).requires_grad_(False)
+        nn.init.normal_(linear.weight, std=in_features**-0.5)
+        bfloat16 = copy.deepcopy(linear).to(torch.bfloat16)
+        layers = [("none bf16", bfloat16, torch.bfloat16), ("none f32", linear, torch.float32)]
+        layers += [(weight_format.label, weight_format.quantize(linear), torch.bfloat16)
+                   for weight_format in FORMATS[1:] if weight_format.group_size in (None, 64, 128)]
+        for rows in KERNEL_ROWS:
+            inputs = torch.randn(rows, in_features, device=device)
+            expected = linear(inputs)
+            baseline = None  # the first layer's, bfloat16's
+            for label, layer, dtype in layers:
+                typed = inputs.to(dtype)
+                median, best = cuda_timed_us(lambda: layer(typed), repeats)
+                baseline = baseline or median
+                error = float((layer(typed).float() - expected).norm() / expected.norm())
+                size = layer.weight_nbytes if isinstance(layer, QuantizedLinear) else layer.weight.nbytes
+                print(f"{in_features}x{out_features:<6} {label:<12} {size:>10} {rows:>4} {median:>10.1f} "
+                      f"{best:>8.1f} {median / baseline:>8.2f} {1e6 * size / bandwidth:>9.1f} {error:>11.2e}")
+
+
 def kernel_table(repeats: int) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -117,9 +175,10 @@ def _input_gradient(layer: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
     return grad
 
 
-def heldout_ids() -> torch.Tensor:
+def heldout_ids(device: torch.device) -> torch.Tensor:
     tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL_DIR)
-    return tokenizer((DEMO_MODEL_DIR / "heldout.txt").read_text(encoding="utf-8"), return_tensors="pt").input_ids
+    text = (DEMO_MODEL_DIR / "heldout.txt").read_text(encoding="utf-8")
+    return tokenizer(text, return_tensors="pt").input_ids.to(device)
 
 
 def local_model(weight_format: WeightFormat, base: BloomForCausalLM) -> BloomForCausalLM:
@@ -136,11 +195,11 @@ def perplexity(model: BloomForCausalLM, ids: torch.Tensor) -> float:
     return math.exp(model(ids, labels=ids).loss.item())
 
 
-def quality_table() -> None:
-    ids = heldout_ids()
-    base = BloomForCausalLM.from_pretrained(DEMO_MODEL_DIR, dtype=torch.float32).eval()
+def quality_table(device: torch.device) -> None:
+    ids = heldout_ids(device)
+    base = BloomForCausalLM.from_pretrained(DEMO_MODEL_DIR, dtype=torch.float32).eval().to(device)
     print(f"\nQuality: demo model ({base.config.n_layer} blocks, hidden {base.config.hidden_size}), "
-          f"heldout.txt ({ids.shape[1]} tokens), perplexity computed locally")
+          f"heldout.txt ({ids.shape[1]} tokens), perplexity computed locally on {device}")
     print(f"{'weights':<22} {'perplexity':>10} {'vs float32':>11} {'goal':>7}")
     reference = perplexity(base, ids)
     for weight_format in FORMATS:
@@ -156,10 +215,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--skip-kernels", action="store_true", help="print only the quality table")
     parser.add_argument("--repeats", type=int, default=200, help="timed calls per kernel and row count")
+    parser.add_argument("--device", default="cpu", help="cpu (the default) or cuda, cuda:1, ...")
     args = parser.parse_args()
+    device = torch.device(args.device)
     if not args.skip_kernels:
-        kernel_table(args.repeats)
-    quality_table()
+        if device.type == "cuda":
+            cuda_kernel_table(args.repeats, device)
+        else:
+            kernel_table(args.repeats)
+    quality_table(device)
 
 
 if __name__ == "__main__":

@@ -3,25 +3,28 @@
 Why: a decode step reads every weight of the span once, so it is bound by memory bandwidth, and
 weights a quarter or an eighth the size are read faster as well as fitting more blocks on a
 volunteer's machine. For a 1024x4096 layer on one thread (median CPU time; 2-core machine shared
-with other work; `python benchmarks/quantization.py`): one row 343 us with float32 F.linear,
-115 us with int8 and 118-129 us with 4-bit weights; eight rows 1487, 438 and 409-420 us. A long
-prefill gains less (512 rows: 43.4 ms float32 with MKL, 19.2 through oneDNN, 26-28 quantized).
-(Those int8 figures are the weight-only kernel's, which int8 no longer uses on the CPU: below.)
+with other work; `python benchmarks/quantization.py`): one row 343 us with float32 F.linear and
+118-129 us with 4-bit weights; eight rows 1487 and 409-420 us. A long prefill gains less (512
+rows: 43.4 ms float32 with MKL, 19.2 through oneDNN, 26-28 with 4-bit weights).
 
-What is computed, 4-bit (and int8 off the CPU): the matmul's input is rounded to bfloat16 (the
-weight-only kernels' fast path: with float32 activations the int8 one took 2.8 ms a row, the 4-bit
-one 6.4 ms), the kernel accumulates in float32 and rounds its output to bfloat16, and the output
-goes back to the activations' dtype before the bias (kept in the model's dtype) is added: up to the
-kernel's summation order, F.linear(bf16(x), W_deq) rounded to bfloat16, plus the bias, where W_deq
-is the dequantized weight that `dequantized_weight` returns.
+What is computed, int8: each row of the input is rounded to int8 steps of its own scale
+(max |x| / 127), multiplied by the int8 weight in integers (torch._int_mm, exact), then scaled by
+both scales in float32: F.linear(round_int8(x), W_deq) plus the bias, up to float32 roundings, and
+the same on every device. Why not the weight-only int8 kernel (torch._weight_int8pack_mm): on the
+CPU it is bound by its arithmetic (one row of the 1024x4096 layer: 297 us on one thread and 149 on
+two, against 186 and 88 for _int_mm and 615 and 323 for float32), and its CUDA kernel is a plain
+loop, one thread per output (aten/src/ATen/native/cuda/int8mm.cu), where _int_mm is cuBLASLt's
+int8 tensor-core GEMM. Quality holds: the demo model's held-out perplexity 31.139 through a swarm
+(float32 31.165). A row's scale is its own, so a row's result does not depend on the others in a
+batch.
 
-int8 on the CPU: each row of the input is rounded to int8 steps of its own scale (max |x| / 127),
-multiplied by the int8 weight in integers (torch._int_mm, exact), then scaled by both scales in
-float32: F.linear(round_int8(x), W_deq) plus the bias, up to float32 roundings. The weight-only
-int8 kernel (torch._weight_int8pack_mm) is bound by its arithmetic on the CPU: for one row of the
-1024x4096 layer, 297 us on one thread and 149 on two, against 186 and 88 for _int_mm and 615 and
-323 for float32. Quality holds: the demo model's held-out perplexity 31.139 through a swarm (float32
-31.165). A row's scale is its own, so a row's result does not depend on the others in a batch.
+What is computed, 4-bit: the matmul's input is rounded to bfloat16 (the weight-only kernels' fast
+path: with float32 activations the 4-bit one took 6.4 ms a row), the kernel accumulates in float32
+and rounds its output to bfloat16, and the output goes back to the activations' dtype before the
+bias (kept in the model's dtype) is added: up to the kernel's summation order, F.linear(bf16(x),
+W_deq) rounded to bfloat16, plus the bias, where W_deq is the dequantized weight that
+`dequantized_weight` returns. (CUDA's kernel dequantizes in bfloat16, so there W_deq is rounded to
+bfloat16 too.)
 
 Formats: int8 is symmetric per output channel (q in [-127, 127], W_deq = q * scale); 4-bit is
 affine per group of `group_size` inputs (q in [0, 15], W_deq = (q - 8) * scale + zero, the
@@ -41,7 +44,7 @@ from torch import nn
 
 __all__ = [
     "DEFAULT_GROUP_SIZE", "GROUP_SIZES", "QUANT_KINDS", "Int4Linear", "Int8Linear", "QuantizedLinear",
-    "check_int4_shape", "quantize_linears", "stored_weight_nbytes",
+    "check_int4_shape", "check_int8_shape", "quantize_linears", "stored_weight_nbytes",
 ]
 
 QUANT_KINDS = ("none", "int8", "int4")
@@ -54,6 +57,9 @@ DEFAULT_GROUP_SIZE = 64
 
 _KERNEL_DTYPE = torch.bfloat16
 _INT4_ROWS_MULTIPLE = 16  # the CPU packing needs out_features divisible by 16 (CUDA's needs 8)
+_CUDA_INT_MM_FEWEST_ROWS = 16  # CUDA's _int_mm takes more rows than this ...
+_CUDA_INT8_ROW_TILE = 32  # ... so fewer are padded to this many
+_CUDA_INT8_WIDTH_MULTIPLE = 8  # and both widths a multiple of this
 
 
 class QuantizedLinear(nn.Module):
@@ -77,10 +83,6 @@ class QuantizedLinear(nn.Module):
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
         """rows [n, in_features] @ W_deq^T through the kernel, in rows' dtype (no bias)."""
-        return self._kernel(rows.to(_KERNEL_DTYPE).contiguous()).to(rows.dtype)
-
-    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        """The weight-only kernel on bfloat16 rows [n, in_features] -> bfloat16 [n, out_features]."""
         raise NotImplementedError
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -97,11 +99,12 @@ class QuantizedLinear(nn.Module):
 
 
 class Int8Linear(QuantizedLinear):
-    """int8 weights, one scale per output channel (symmetric); on the CPU int8 x int8 with a scale per
-    input row (torch._int_mm), elsewhere the weight-only kernel torch._weight_int8pack_mm."""
+    """int8 weights, one scale per output channel (symmetric), times int8 rows, one scale per row:
+    torch._int_mm, on the CPU and on CUDA."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__(linear.in_features, linear.out_features, linear.bias)
+        check_int8_shape(linear.in_features, linear.out_features, linear.weight.device.type)
         weight = linear.weight.detach().float()
         scales = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny).to(_KERNEL_DTYPE)
         quantized = torch.round(weight / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8)
@@ -109,19 +112,25 @@ class Int8Linear(QuantizedLinear):
         self.register_buffer("scales", scales)  # [out]
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        if rows.device.type != "cpu":  # CUDA's _int_mm takes more than 16 rows only
-            return super().matmul(rows)
         rows32 = rows.float()
         row_scales = rows32.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny) / 127
         quantized = torch.round(rows32 / row_scales).to(torch.int8)
-        products = torch._int_mm(quantized, self.weight_int8.t())
+        products = _int8_products(quantized, self.weight_int8.t())  # [in, out] column-major: no copy
         return (products.float() * row_scales * self.scales.float()).to(rows.dtype)
-
-    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch._weight_int8pack_mm(rows, self.weight_int8, self.scales)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return (self.weight_int8.float() * self.scales.float()[:, None]).to(dtype)
+
+
+def _int8_products(rows: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    """int8 rows [n, in] @ int8 weight_t [in, out] -> the exact int32 products [n, out]. CUDA's
+    _int_mm (cuBLASLt) takes more than 16 rows: fewer are padded to a tile of 32 zero rows, which
+    cost nothing measurable where reading the weights bounds the pass."""
+    if rows.device.type == "cuda" and len(rows) <= _CUDA_INT_MM_FEWEST_ROWS:
+        padded = torch.zeros(_CUDA_INT8_ROW_TILE, rows.shape[1], dtype=rows.dtype, device=rows.device)
+        padded[: len(rows)] = rows
+        return torch._int_mm(padded, weight_t)[: len(rows)]
+    return torch._int_mm(rows, weight_t)
 
 
 class Int4Linear(QuantizedLinear):
@@ -140,7 +149,11 @@ class Int4Linear(QuantizedLinear):
         # Whether the CPU packing reads back as we expect; else backward dequantizes through the kernel
         self._unpackable = self.device_type == "cpu" and torch.equal(self._unpack_cpu(), quantized.to(torch.uint8))
 
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        return self._kernel(rows.to(_KERNEL_DTYPE).contiguous()).to(rows.dtype)
+
     def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        """The weight-only kernel on bfloat16 rows [n, in_features] -> bfloat16 [n, out_features]."""
         if self.weight_int4.device.type != self.device_type:
             raise RuntimeError(f"4-bit weights were packed for {self.device_type} and cannot run on "
                                f"{self.weight_int4.device.type}: quantize the layer on the device it runs on")
@@ -189,6 +202,13 @@ class Int4Linear(QuantizedLinear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, group_size={self.group_size}"
+
+
+def check_int8_shape(in_features: int, out_features: int, device_type: str) -> None:
+    """Raise ValueError where int8 cannot take a layer of this shape on this device."""
+    if device_type == "cuda" and (in_features % _CUDA_INT8_WIDTH_MULTIPLE or out_features % _CUDA_INT8_WIDTH_MULTIPLE):
+        raise ValueError(f"a layer of {in_features} inputs and {out_features} outputs cannot be computed in int8 "
+                         f"on CUDA (its kernel needs both a multiple of {_CUDA_INT8_WIDTH_MULTIPLE})")
 
 
 def check_int4_shape(in_features: int, out_features: int, group_size: int) -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bloompeer.blocks import open_checkpoint
-from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR
+from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR, write_random_checkpoint
 from bloompeer.peer.server import memory_plan
 from bloompeer.peer.server import server as server_module
 from bloompeer.peer.server.config import ServerConfig
@@ -78,12 +78,17 @@ def test_a_plan_that_does_not_fit_is_refused_with_its_figures_and_the_flags(chec
         plan_memory(_config(cache_tokens=100_000), checkpoint, None, WeightStorage("none", 64))
 
 
-def test_4bit_groups_the_layers_cannot_take_are_refused_naming_the_flag(tiny_checkpoint):
+def test_widths_the_kernels_cannot_take_are_refused_naming_the_flag(tiny_checkpoint, tmp_path):
     tiny = open_checkpoint(tiny_checkpoint)  # hidden 64
-    WeightStorage("int4", 64).check(tiny)
-    WeightStorage("int8", 64).check(tiny)
+    for kind in ("none", "int8", "int4"):
+        for device in ("cpu", "cuda"):
+            WeightStorage(kind, 64).check(tiny, device)
     with pytest.raises(ValueError, match="--quant int4.*groups of 128.*--quant-group-size"):
-        WeightStorage("int4", 128).check(tiny)
+        WeightStorage("int4", 128).check(tiny, "cpu")
+    odd = open_checkpoint(write_random_checkpoint(tmp_path / "odd", num_blocks=1, hidden_size=36))
+    WeightStorage("int8", 64).check(odd, "cpu")  # the CPU's int8 kernel takes any width
+    with pytest.raises(ValueError, match="--quant int8.*36 inputs.*on CUDA.*multiple of 8.*--quant none, or --device"):
+        WeightStorage("int8", 64).check(odd, "cuda:0")
 
 
 def test_a_server_whose_plan_does_not_fit_refuses_before_it_touches_the_network(tiny_checkpoint, monkeypatch):

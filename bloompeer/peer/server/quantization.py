@@ -3,9 +3,9 @@ memory plan need: the hook that quantizes each block as the checkpoint is read (
 weights of the whole span never sit in memory at once), and the bytes one block takes stored so.
 
 The layers and kernels are blocks/quantized_linear.py's. On a CUDA device the hook runs after the
-block was moved there (Checkpoint.load_span), so int8 weights go to torch._weight_int8pack_mm's
-CUDA kernel and 4-bit ones are packed for torch._weight_int4pack_mm; that path is written from
-the kernels' sources and was not run (no GPU at hand).
+block was moved there (Checkpoint.load_span), so int8 weights go to torch._int_mm's CUDA kernel
+and 4-bit ones are packed for torch._weight_int4pack_mm; that path is written from the kernels'
+sources, and tests/unit/test_quantized_linear.py runs there with BLOOMPEER_TEST_DEVICE=cuda.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ...blocks import Checkpoint
-from ...blocks.quantized_linear import check_int4_shape, quantize_linears, stored_weight_nbytes
+from ...blocks.quantized_linear import check_int4_shape, check_int8_shape, quantize_linears, stored_weight_nbytes
 
 __all__ = ["WeightStorage"]
 
@@ -49,15 +49,19 @@ class WeightStorage:
         _own_memory(block)
         _release_freed_memory()
 
-    def check(self, checkpoint: Checkpoint) -> None:
-        """Raise ValueError, naming the flag, if the model's layers cannot be stored this way."""
-        if self.kind != "int4":
+    def check(self, checkpoint: Checkpoint, device: str) -> None:
+        """Raise ValueError, naming the flag, if the model's layers cannot be stored this way on `device`."""
+        if self.kind == "none":
             return
         for layer in _linears(checkpoint):
             try:
-                check_int4_shape(layer.in_features, layer.out_features, self.group_size)
+                if self.kind == "int4":
+                    check_int4_shape(layer.in_features, layer.out_features, self.group_size)
+                else:
+                    check_int8_shape(layer.in_features, layer.out_features, torch.device(device).type)
             except ValueError as exc:
-                raise ValueError(f"--quant int4: {exc} (--quant-group-size, or --quant int8)") from None
+                instead = {"int4": "--quant-group-size, or --quant int8", "int8": "--quant none, or --device cpu"}
+                raise ValueError(f"--quant {self.kind}: {exc} ({instead[self.kind]})") from None
 
     def block_nbytes(self, checkpoint: Checkpoint, dtype: torch.dtype) -> int:
         """Bytes of one block's parameters and buffers as stored: linear weights in this format, the rest

@@ -123,7 +123,7 @@ class Server:
             raise ValueError(f"--num-blocks {config.num_blocks} is not between 1 and {checkpoint.model_uid}'s "
                              f"{num_blocks} blocks")
         storage = WeightStorage(config.quant, config.quant_group_size)
-        storage.check(checkpoint)
+        storage.check(checkpoint, config.device)
         wanted = config.end - config.start if config.start is not None else config.num_blocks or None
         plan = plan_memory(config, checkpoint, wanted, storage)  # before the network: a refusal costs nothing
         logger.info("Memory plan: %s", plan)
