@@ -131,6 +131,7 @@ def test_serve_refuses_blocks_beyond_the_model(swarm, tiny_checkpoint):
     (["generate", "x", "--model", "./nowhere"], "./nowhere is not a directory"),
     (["generate", "x", "--verify-fraction", "1.5"], "--verify-fraction: 1.5 is not between 0 and 1"),
     (["status", "--model", "/missing"], "/missing is not a directory"),
+    (["status"], "there is no swarm to ask: pass --initial-peers"),
     (["api", "--model", "/missing"], "/missing is not a directory"),
     (["serve", "--blocks", "0:99"], "--blocks 0:99 is not within the model's 6 blocks (0:6)"),
     (["serve", "--num-blocks", "7"], "--num-blocks 7 is more than the model's 6 blocks"),
@@ -138,7 +139,7 @@ def test_serve_refuses_blocks_beyond_the_model(swarm, tiny_checkpoint):
     (["generate", "x", "--top-p", "0"], "--top-p: 0 is not more than 0 and at most 1"),
     (["api", "--port", "70000"], "--port: 70000 is not a port number"),
 ], ids=["serve-missing-model", "serve-not-a-checkpoint", "generate-missing-model", "verify-fraction", "status",
-        "api", "blocks-beyond-model", "num-blocks-beyond-model", "max-length", "top-p", "port"])
+        "status-without-peers", "api", "blocks-beyond-model", "num-blocks-beyond-model", "max-length", "top-p", "port"])
 def test_arguments_are_checked_before_anything_starts(args, says, tmp_path):
     """A bad argument is refused in one line, before torch, hivemind or any process is started."""
     marker = uuid.uuid4().hex

@@ -21,7 +21,7 @@ from .local_config import local_num_blocks
 
 __all__ = [
     "INITIAL_PEERS_ENV", "add_client_flags", "add_model_flag", "add_network_flags", "add_server_flags",
-    "check_blocks_within_model", "client_config", "initial_peers", "network_config", "server_config",
+    "check_arguments", "client_config", "initial_peers", "network_config", "server_config",
 ]
 
 INITIAL_PEERS_ENV = "BLOOMPEER_INITIAL_PEERS"
@@ -218,7 +218,15 @@ def api_access(args: argparse.Namespace):
     return ApiAccess(keys=frozenset(keys), public_dashboard=args.public_dashboard)
 
 
-def check_blocks_within_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What argparse cannot check one flag at a time, before anything starts."""
+    _check_blocks_within_model(parser, args)
+    if getattr(args, "needs_initial_peers", False) and not initial_peers(args):
+        parser.error(f"there is no swarm to ask: pass --initial-peers MADDR (an address that `bloompeer dht` or a "
+                     f"server printed), or set ${INITIAL_PEERS_ENV}")
+
+
+def _check_blocks_within_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--blocks A:B and --num-blocks K against a local checkpoint's number of blocks (a hub model is
     checked once its config is read)."""
     blocks, count = getattr(args, "blocks", None), getattr(args, "num_blocks", None)

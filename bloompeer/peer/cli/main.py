@@ -21,7 +21,7 @@ from ... import _version
 from ...errors import BloompeerError
 from . import dht_command, generate_command, serve_command, status_command
 from . import api_command
-from .flags import check_blocks_within_model
+from .flags import check_arguments
 from .import_gc import imports_without_gc
 from .local_swarm import EXIT_WITH_PARENT_ENV
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     _exit_with_parent()
     parser = build_parser()
     args = parser.parse_args(argv)
-    check_blocks_within_model(parser, args)
+    check_arguments(parser, args)
     _configure_logging(args.verbose)
     try:
         return COMMANDS[args.command].run(args)

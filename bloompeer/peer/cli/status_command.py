@@ -24,6 +24,7 @@ def add_parser(commands) -> None:
     add_model_flag(status, "; only its config is read")
     status.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
     add_network_flags(status, "/ip4/127.0.0.1/tcp/0")
+    status.set_defaults(needs_initial_peers=True)  # alone, it would find every block missing
 
 
 def _short(peer_id: str) -> str:
