@@ -277,8 +277,9 @@ def test_status_shows_the_family_from_the_records(family_servers, swarm, llama_f
     import sys
 
     path = llama_family_checkpoints["mistral"]
-    # servers that joined at the same moment store their records where their young routing tables
-    # point; a lookup may miss one until an announce period has placed it better: ask until then
+    # servers that joined at the same moment store their first records where their young routing
+    # tables point; a lookup may miss one until a later store (seconds after joining) has placed it
+    # better: ask until then, or at most an announce period
     deadline = time.monotonic() + ANNOUNCE_PERIOD_S
     while True:
         result = subprocess.run([sys.executable, "-m", "bloompeer", "status", "--model", str(path), "--json",

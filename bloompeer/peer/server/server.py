@@ -46,6 +46,7 @@ __all__ = ["Server", "StartupClock"]
 logger = logging.getLogger(__name__)
 
 RECORD_LIFETIME_PERIODS = 3
+REANNOUNCE_AFTER_JOINING_S = 5.0  # the one early refresh of the record (_announce_periodically)
 NEXT_HOPS_CHECK_S = 5.0  # how often the DHT is read for new servers to push to (pinged, then announced)
 
 
@@ -326,9 +327,13 @@ class Server:
         return ok
 
     async def _announce_periodically(self) -> None:
+        """Refresh the record every period, and once soon after going online: the first store went to
+        the peers that a young routing table knew, and servers that joined at the same moment may be
+        nearer the keys by now, where lookups go; without it a lookup could miss the server for a period."""
+        await asyncio.sleep(min(REANNOUNCE_AFTER_JOINING_S, self.config.announce_period_s))
         while True:
-            await asyncio.sleep(self.config.announce_period_s)
             await self.announce()
+            await asyncio.sleep(self.config.announce_period_s)
 
     async def _measure_next_hops(self, num_blocks: int) -> None:
         """Keep round trips to the servers we could push to fresh; announce at once when the set changes."""
