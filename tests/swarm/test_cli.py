@@ -136,10 +136,11 @@ def test_serve_refuses_blocks_beyond_the_model(swarm, tiny_checkpoint):
     (["serve", "--blocks", "0:99"], "--blocks 0:99 is not within the model's 6 blocks (0:6)"),
     (["serve", "--num-blocks", "7"], "--num-blocks 7 is more than the model's 6 blocks"),
     (["serve", "--blocks", "0:2", "--max-length", "0"], "--max-length: 0 is not at least 1"),
+    (["serve", "--blocks", "0:2", "--device", "gpu"], "--device: gpu is not a device bloompeer computes on"),
     (["generate", "x", "--top-p", "0"], "--top-p: 0 is not more than 0 and at most 1"),
     (["api", "--port", "70000"], "--port: 70000 is not a port number"),
 ], ids=["serve-missing-model", "serve-not-a-checkpoint", "generate-missing-model", "verify-fraction", "status",
-        "status-without-peers", "api", "blocks-beyond-model", "num-blocks-beyond-model", "max-length", "top-p", "port"])
+        "status-without-peers", "api", "blocks-beyond-model", "num-blocks-beyond-model", "max-length", "device", "top-p", "port"])
 def test_arguments_are_checked_before_anything_starts(args, says, tmp_path):
     """A bad argument is refused in one line, before torch, hivemind or any process is started."""
     marker = uuid.uuid4().hex

@@ -7,13 +7,13 @@ anything is imported or started. Nothing heavy is imported here.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
-    "QUANT_KINDS", "block_range", "fraction", "model_argument", "non_negative_float", "port", "positive_float",
-    "positive_int",
-    "probability", "quant_kinds",
+    "QUANT_KINDS", "block_range", "device_argument", "fraction", "model_argument", "non_negative_float", "port",
+    "positive_float", "positive_int", "probability", "quant_kinds",
 ]
 
 QUANT_KINDS = ("none", "int8", "int4")  # how servers store weights (p2p/records.py validates them on the wire)
@@ -28,6 +28,13 @@ def model_argument(text: str) -> str:
         return text
     if text.startswith((".", "/", "~")) or text.count("/") > 1 or not text:
         raise argparse.ArgumentTypeError(f"{text} is not a directory (and not a hub name like org/model)")
+    return text
+
+
+def device_argument(text: str) -> str:
+    """--device: cpu, cuda or cuda:N (whether this machine has it is checked when the server starts)."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"{text} is not a device bloompeer computes on: cpu, cuda or cuda:N")
     return text
 
 

@@ -13,8 +13,8 @@ import argparse
 import os
 
 from .arguments import (
-    QUANT_KINDS, block_range, fraction, model_argument, non_negative_float, port, positive_float, positive_int,
-    quant_kinds,
+    QUANT_KINDS, block_range, device_argument, fraction, model_argument, non_negative_float, port, positive_float,
+    positive_int, quant_kinds,
 )
 from .default_model import DEMO_MODEL_DIR
 from .local_config import local_num_blocks
@@ -78,15 +78,17 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="serve K consecutive blocks where the swarm is weakest, and move to others when the "
                             "swarm needs them more (servers left or died): it looks every 10 s or so. Without K: "
                             "as many blocks as the memory plan fits (counting --quant)")
-    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ... (default: cpu)")
+    parser.add_argument("--device", default="cpu", type=device_argument,
+                        help="where the blocks compute: cpu, cuda (the first GPU) or cuda:N (default: cpu)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="compute and cache dtype (default: float32)")
     parser.add_argument("--quant", default=defaults.quant, choices=["none", "int8", "int4"],
                         help="store the blocks' linear weights as int8 (one scale per output channel, about 0.26x "
                              "float32's bytes) or 4-bit (groups of --quant-group-size inputs, about 0.14x), quantized "
-                             "as each block loads and computed by PyTorch's weight-only kernels with bfloat16 inputs; "
-                             "faster decode steps, outputs close to float's but not equal (clients may refuse them "
-                             "with --quant-allowed). Norms, biases and the cache stay in --dtype (default: none)")
+                             "as each block loads and computed by PyTorch's own kernels (int8 inputs with a scale per "
+                             "row for int8, bfloat16 inputs for 4-bit); faster decode steps, outputs close to float's "
+                             "but not equal (clients may refuse them with --quant-allowed). Norms, biases and the "
+                             "cache stay in --dtype (default: none)")
     parser.add_argument("--quant-group-size", type=int, default=defaults.quant_group_size,
                         choices=[32, 64, 128, 256], metavar="N",
                         help=f"inputs per 4-bit group, one of 32, 64, 128, 256: smaller is closer to float and "

@@ -19,7 +19,7 @@ import torch
 
 from .thread_choice import ThreadChoice
 
-__all__ = ["ComputeWorker", "MEASURED_MAX_DECODE_ROWS", "SINGLE_THREAD_MAX_ROWS"]
+__all__ = ["ComputeWorker", "MEASURED_MAX_DECODE_ROWS", "SINGLE_THREAD_MAX_ROWS", "check_device"]
 
 T = TypeVar("T")
 
@@ -31,6 +31,22 @@ MEASURED_MAX_DECODE_ROWS = 64
 # one thread. Kept apart from decoding: the thread count changes the order of float sums, and a
 # batch sent in parts must get the gradients it gets whole (2e-7 apart when it was not).
 SINGLE_THREAD_MAX_ROWS = 1
+
+
+def check_device(device: str) -> None:
+    """Raise ValueError, saying what to do, unless this machine's torch can compute on `device`."""
+    wanted = torch.device(device)
+    if wanted.type != "cuda":
+        return
+    if not torch.backends.cuda.is_built():
+        raise ValueError(f"--device {device}: this torch ({torch.__version__}) was built without CUDA: install a "
+                         f"CUDA build of torch (https://pytorch.org/get-started/locally/), or use --device cpu")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ValueError(f"--device {device}: torch sees no CUDA device on this machine (is its driver loaded? "
+                         f"nvidia-smi tells), or use --device cpu")
+    if (wanted.index or 0) >= count:
+        raise ValueError(f"--device {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
 
 
 class ComputeWorker:

@@ -27,7 +27,7 @@ from ...p2p import (
 )
 from .backend import SpanBackend
 from .block_choice import Move, ServedSpan
-from .compute import ComputeWorker
+from .compute import ComputeWorker, check_device
 from .config import ServerConfig
 from .handlers import handle_forward_stream, handle_inference_stream, handle_info_stream, handle_push_stream
 from .memory_plan import MemoryPlan, plan_memory
@@ -115,6 +115,7 @@ class Server:
     @classmethod
     async def create(cls, config: ServerConfig) -> Server:
         """Join the network, load the blocks, register the handlers and announce online."""
+        check_device(config.device)
         checkpoint = open_checkpoint(config.model)
         num_blocks = checkpoint.config().num_hidden_layers
         if config.start is not None and not 0 <= config.start < config.end <= num_blocks:
