@@ -81,14 +81,22 @@ def test_a_plan_that_does_not_fit_is_refused_with_its_figures_and_the_flags(chec
 def test_widths_the_kernels_cannot_take_are_refused_naming_the_flag(tiny_checkpoint, tmp_path):
     tiny = open_checkpoint(tiny_checkpoint)  # hidden 64
     for kind in ("none", "int8", "int4"):
-        for device in ("cpu", "cuda"):
-            WeightStorage(kind, 64).check(tiny, device)
+        WeightStorage(kind, 64).check(tiny, "cpu")
     with pytest.raises(ValueError, match="--quant int4.*groups of 128.*--quant-group-size"):
         WeightStorage("int4", 128).check(tiny, "cpu")
     odd = open_checkpoint(write_random_checkpoint(tmp_path / "odd", num_blocks=1, hidden_size=36))
     WeightStorage("int8", 64).check(odd, "cpu")  # the CPU's int8 kernel takes any width
     with pytest.raises(ValueError, match="--quant int8.*36 inputs.*on CUDA.*multiple of 8.*--quant none, or --device"):
         WeightStorage("int8", 64).check(odd, "cuda:0")
+
+
+def test_a_kernel_that_fails_on_this_device_is_refused_naming_the_flag(tiny_checkpoint, monkeypatch):
+    def no_kernel(*args):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(torch, "_weight_int4pack_mm_for_cpu", no_kernel)
+    with pytest.raises(ValueError, match="^--quant int4 does not compute on cpu: no kernel image.*--quant int8, or"):
+        WeightStorage("int4", 64).check(open_checkpoint(tiny_checkpoint), "cpu")
 
 
 def test_a_server_whose_plan_does_not_fit_refuses_before_it_touches_the_network(tiny_checkpoint, monkeypatch):

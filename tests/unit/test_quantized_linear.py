@@ -29,7 +29,7 @@ from bloompeer.blocks import BlockSpan, Segment
 from bloompeer.blocks.bloom import BloomSpan
 from bloompeer.blocks.llama import LlamaSpan
 from bloompeer.blocks.quantized_linear import (
-    GROUP_SIZES, Int4Linear, Int8Linear, QuantizedLinear, check_int4_shape, quantize_linears,
+    GROUP_SIZES, Int4Linear, Int8Linear, QuantizedLinear, check_int4_shape, check_kernels, quantize_linears,
 )
 
 DEVICE = torch.device(os.environ.get("BLOOMPEER_TEST_DEVICE", "cpu"))
@@ -204,6 +204,17 @@ def test_4bit_weights_refuse_to_run_on_another_device_than_they_were_packed_for(
     layer.device_type = elsewhere  # as if packed there: one device's packing means nothing to another's kernel
     with pytest.raises(RuntimeError, match=f"packed for {elsewhere}"):
         layer(torch.randn(1, IN_FEATURES, device=DEVICE))
+
+
+@pytest.mark.parametrize(("kind", "group_size"), KINDS, ids=KIND_IDS)
+def test_the_start_up_check_passes_these_kernels_and_fails_one_computing_something_else(kind, group_size,
+                                                                                       monkeypatch):
+    check_kernels(kind, DEVICE, group_size)
+    layer_class = Int8Linear if kind == "int8" else Int4Linear
+    right = layer_class.matmul
+    monkeypatch.setattr(layer_class, "matmul", lambda self, rows: right(self, rows).flip(-1))  # outputs swapped
+    with pytest.raises(RuntimeError, match=f"off the float result, where {kind} stays within"):
+        check_kernels(kind, DEVICE, group_size)
 
 
 class _HandLinear(nn.Module):

@@ -19,7 +19,9 @@ import torch
 from torch import nn
 
 from ...blocks import Checkpoint
-from ...blocks.quantized_linear import check_int4_shape, check_int8_shape, quantize_linears, stored_weight_nbytes
+from ...blocks.quantized_linear import (
+    check_int4_shape, check_int8_shape, check_kernels, quantize_linears, stored_weight_nbytes,
+)
 
 __all__ = ["WeightStorage"]
 
@@ -50,7 +52,8 @@ class WeightStorage:
         _release_freed_memory()
 
     def check(self, checkpoint: Checkpoint, device: str) -> None:
-        """Raise ValueError, naming the flag, if the model's layers cannot be stored this way on `device`."""
+        """Raise ValueError, naming the flag, if the model's layers cannot be stored this way on `device`,
+        or PyTorch's kernels for it do not compute right there."""
         if self.kind == "none":
             return
         for layer in _linears(checkpoint):
@@ -60,8 +63,17 @@ class WeightStorage:
                 else:
                     check_int8_shape(layer.in_features, layer.out_features, torch.device(device).type)
             except ValueError as exc:
-                instead = {"int4": "--quant-group-size, or --quant int8", "int8": "--quant none, or --device cpu"}
-                raise ValueError(f"--quant {self.kind}: {exc} ({instead[self.kind]})") from None
+                raise ValueError(f"--quant {self.kind}: {exc} ({self._instead(shape=True)})") from None
+        try:
+            check_kernels(self.kind, device, self.group_size)
+        except RuntimeError as exc:
+            raise ValueError(f"--quant {self.kind} does not compute on {_device_name(device)}: {exc} "
+                             f"({self._instead(shape=False)})") from None
+
+    def _instead(self, shape: bool) -> str:
+        if self.kind == "int4":
+            return "--quant-group-size, or --quant int8" if shape else "--quant int8, or --quant none"
+        return "--quant none, or --device cpu"
 
     def block_nbytes(self, checkpoint: Checkpoint, dtype: torch.dtype) -> int:
         """Bytes of one block's parameters and buffers as stored: linear weights in this format, the rest
@@ -99,6 +111,14 @@ def _meta_block(checkpoint: Checkpoint) -> nn.Module:
     """Block 0 of the model, shapes only (every block of a served model has the same)."""
     with torch.device("meta"):
         return checkpoint.family.span_class(checkpoint.config(), 0, 1).blocks[0]
+
+
+def _device_name(device: str) -> str:
+    """`device` with what it is, where that says more (a GPU's name and compute capability)."""
+    if torch.device(device).type != "cuda":
+        return device
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{device} ({torch.cuda.get_device_name(device)}, compute capability {major}.{minor})"
 
 
 def _linears(checkpoint: Checkpoint) -> list[nn.Linear]:
