@@ -16,7 +16,12 @@
    - 8 sessions: steps/s of 8 sessions stepping one token each at once (the server batches them).
    Goals: decode steps of int8 and int4 <= 0.6x float32's; weights <= 0.3x and <= 0.2x float32's.
 
+--device and --dtype go to every server (`--device cuda --dtype bfloat16` serves from a GPU; the
+clients stay on the CPU in float32, so "none" is then bfloat16 serving against transformers'
+float32, and the ratios are to bfloat16 servers'); peak RSS is then the host's, not the GPU's.
+
     python benchmarks/quantized_servers.py [--models bloom-560m qwen3-0.6b] [--skip-quality] [--rounds 2]
+                                           [--device cuda] [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -63,15 +68,15 @@ def load() -> str:
     return " ".join(f"{value:.1f}" for value in os.getloadavg())
 
 
-def quality_table(log_dir: Path) -> None:
-    ids = heldout_ids()
+def quality_table(log_dir: Path, placement: list[str]) -> None:
+    ids = heldout_ids(torch.device("cpu"))
     local = perplexity(BloomForCausalLM.from_pretrained(DEMO_MODEL_DIR, dtype=torch.float32).eval(), ids)
     print(f"\nQuality: demo model, heldout.txt ({ids.shape[1]} tokens) through a swarm; load average {load()}")
-    print(f"{'weights':<10} {'perplexity':>10} {'vs float32':>11} {'goal':>6}")
+    print(f"{'weights':<10} {'perplexity':>10} {'vs none':>11} {'goal':>6}")
     print(f"{'local hf':<10} {local:>10.3f} {'':>11}")
     with LocalSwarm(DEMO_MODEL_DIR, [], log_dir=log_dir / "quality") as swarm:
-        servers = [swarm.add_server(0, 6, ["--quant", kind, "--throughput", "1"], wait=False, name=f"demo-{kind}")
-                   for kind in KINDS]
+        servers = [swarm.add_server(0, 6, ["--quant", kind, "--throughput", "1", *placement], wait=False,
+                                    name=f"demo-{kind}") for kind in KINDS]
         deadline = time.monotonic() + 300
         for server in servers:
             server.wait_online(deadline)
@@ -180,7 +185,7 @@ async def measure_servers(swarm: LocalSwarm, servers: dict, path: Path, num_bloc
             for kind, runs in figures.items()}
 
 
-def speed_table(name: str, log_dir: Path, rounds: int) -> None:
+def speed_table(name: str, log_dir: Path, rounds: int, placement: list[str], dtype: torch.dtype) -> None:
     spec = MODELS[name]
     with tempfile.TemporaryDirectory(prefix=f"bloompeer-quant-{name}-") as tmp:
         print(f"[{name}] writing a random checkpoint...", file=sys.stderr, flush=True)
@@ -188,15 +193,15 @@ def speed_table(name: str, log_dir: Path, rounds: int) -> None:
         checkpoint = open_checkpoint(path)
         num_blocks, hidden_size = spec["num_blocks"], spec["hidden_size"]
         with LocalSwarm(path, [], log_dir=log_dir / name) as swarm:
-            servers = {kind: swarm.add_server(0, num_blocks, ["--quant", kind, "--throughput", "1", "--cache-tokens",
-                                                              "2048", "--max-length", str(PREFILL)],
-                                              wait=False, name=f"{name}-{kind}") for kind in KINDS}
+            flags = ["--throughput", "1", "--cache-tokens", "2048", "--max-length", str(PREFILL), *placement]
+            servers = {kind: swarm.add_server(0, num_blocks, ["--quant", kind, *flags], wait=False,
+                                              name=f"{name}-{kind}") for kind in KINDS}
             deadline = time.monotonic() + 600
             for server in servers.values():
                 server.wait_online(deadline)
             rows = asyncio.run(measure_servers(swarm, servers, path, num_blocks, hidden_size, rounds))
         for kind, row in rows.items():
-            row["weights"] = num_blocks * WeightStorage(kind, GROUP_SIZE).block_nbytes(checkpoint, torch.float32)
+            row["weights"] = num_blocks * WeightStorage(kind, GROUP_SIZE).block_nbytes(checkpoint, dtype)
     none = rows["none"]
     print(f"\n{name} ({num_blocks} blocks, hidden {hidden_size}), one server of every block; load average {load()}")
     print(f"{'weights':<7} {'MiB stored':>10} {'x float':>7} {'peak RSS MiB':>12} {'decode ms':>9} {'x float':>7} "
@@ -215,14 +220,18 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--skip-quality", action="store_true", help="no perplexity table")
     parser.add_argument("--rounds", type=int, default=2, help="rounds over the three servers; each figure the best")
+    parser.add_argument("--device", default="cpu", help="the servers' --device (cpu)")
+    parser.add_argument("--dtype", default="float32", help="the servers' --dtype (float32)")
     args = parser.parse_args()
-    print(f"{os.cpu_count()} cores, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}; "
-          f"load average {load()}")
+    gpu = f", servers on {torch.cuda.get_device_name(args.device)}" if args.device.startswith("cuda") else ""
+    print(f"{os.cpu_count()} cores, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}{gpu}, "
+          f"servers' dtype {args.dtype}; load average {load()}")
+    placement = ["--device", args.device, "--dtype", args.dtype]
     with tempfile.TemporaryDirectory(prefix="bloompeer-quant-logs-") as logs:
         if not args.skip_quality:
-            quality_table(Path(logs))
+            quality_table(Path(logs), placement)
         for name in args.models:
-            speed_table(name, Path(logs), args.rounds)
+            speed_table(name, Path(logs), args.rounds, placement, getattr(torch, args.dtype))
 
 
 if __name__ == "__main__":
