@@ -132,6 +132,8 @@ def test_serve_refuses_blocks_beyond_the_model(swarm, tiny_checkpoint):
     (["generate", "x", "--verify-fraction", "1.5"], "--verify-fraction: 1.5 is not between 0 and 1"),
     (["status", "--model", "/missing"], "/missing is not a directory"),
     (["status"], "there is no swarm to ask: pass --initial-peers"),
+    (["status", "--initial-peers", "/ip4/1.2.3.4/tcp/5"], "--initial-peers: /ip4/1.2.3.4/tcp/5 is not a peer's whole"),
+    (["dht", "--host-maddrs", "0.0.0.0:31337"], "--host-maddrs: 0.0.0.0:31337 is not a multiaddr"),
     (["api", "--model", "/missing"], "/missing is not a directory"),
     (["serve", "--blocks", "0:99"], "--blocks 0:99 is not within the model's 6 blocks (0:6)"),
     (["serve", "--num-blocks", "7"], "--num-blocks 7 is more than the model's 6 blocks"),
@@ -140,7 +142,7 @@ def test_serve_refuses_blocks_beyond_the_model(swarm, tiny_checkpoint):
     (["generate", "x", "--top-p", "0"], "--top-p: 0 is not more than 0 and at most 1"),
     (["api", "--port", "70000"], "--port: 70000 is not a port number"),
 ], ids=["serve-missing-model", "serve-not-a-checkpoint", "generate-missing-model", "verify-fraction", "status",
-        "status-without-peers", "api", "blocks-beyond-model", "num-blocks-beyond-model", "max-length", "device", "top-p", "port"])
+        "status-without-peers", "peer-without-id", "listen-address", "api", "blocks-beyond-model", "num-blocks-beyond-model", "max-length", "device", "top-p", "port"])
 def test_arguments_are_checked_before_anything_starts(args, says, tmp_path):
     """A bad argument is refused in one line, before torch, hivemind or any process is started."""
     marker = uuid.uuid4().hex
@@ -151,6 +153,13 @@ def test_arguments_are_checked_before_anything_starts(args, says, tmp_path):
         line for line in result.stderr.splitlines() if says in line], result.stderr
     assert "Traceback" not in result.stderr
     assert processes_with_env(MARKER_ENV, marker) == []
+
+
+def test_initial_peers_from_the_environment_are_checked_as_the_flag_is():
+    env = {**os.environ, "BLOOMPEER_INITIAL_PEERS": "/ip4/1.2.3.4/tcp/5"}
+    result = subprocess.run([*CLI, "status"], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2 and "$BLOOMPEER_INITIAL_PEERS: /ip4/1.2.3.4/tcp/5 is not a peer's whole address" \
+        in result.stderr, result.stderr
 
 
 def test_the_command_line_loads_no_heavy_module_before_it_must():

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
-    "QUANT_KINDS", "block_range", "device_argument", "fraction", "model_argument", "non_negative_float", "port",
-    "positive_float", "positive_int", "probability", "quant_kinds",
+    "QUANT_KINDS", "block_range", "device_argument", "fraction", "listen_address", "model_argument",
+    "non_negative_float", "peer_address", "port", "positive_float", "positive_int", "probability", "quant_kinds",
 ]
 
 QUANT_KINDS = ("none", "int8", "int4")  # how servers store weights (p2p/records.py validates them on the wire)
@@ -35,6 +35,21 @@ def device_argument(text: str) -> str:
     """--device: cpu, cuda or cuda:N (whether this machine has it is checked when the server starts)."""
     if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
         raise argparse.ArgumentTypeError(f"{text} is not a device bloompeer computes on: cpu, cuda or cuda:N")
+    return text
+
+
+def peer_address(text: str) -> str:
+    """--initial-peers: a peer's whole multiaddr, its /p2p/ id included (as `bloompeer dht` prints it)."""
+    if not text.startswith("/") or "/p2p/" not in text or text.endswith("/p2p/"):
+        raise argparse.ArgumentTypeError(f"{text} is not a peer's whole address: copy it as `bloompeer dht` or a "
+                                         f"server printed it, e.g. /ip4/203.0.113.5/tcp/31337/p2p/Qm...")
+    return text
+
+
+def listen_address(text: str) -> str:
+    """--host-maddrs, --announce-maddrs: a multiaddr (libp2p checks the rest when it starts)."""
+    if not text.startswith("/"):
+        raise argparse.ArgumentTypeError(f"{text} is not a multiaddr: one begins with /, e.g. /ip4/0.0.0.0/tcp/31337")
     return text
 
 

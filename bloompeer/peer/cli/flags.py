@@ -13,8 +13,8 @@ import argparse
 import os
 
 from .arguments import (
-    QUANT_KINDS, block_range, device_argument, fraction, model_argument, non_negative_float, port, positive_float,
-    positive_int, quant_kinds,
+    QUANT_KINDS, block_range, device_argument, fraction, listen_address, model_argument, non_negative_float,
+    peer_address, port, positive_float, positive_int, quant_kinds,
 )
 from .default_model import DEMO_MODEL_DIR
 from .local_config import local_num_blocks
@@ -35,12 +35,12 @@ def add_model_flag(parser: argparse.ArgumentParser, use: str = "") -> None:
 
 def add_network_flags(parser: argparse.ArgumentParser, listen_default: str) -> argparse._ArgumentGroup:
     group = parser.add_argument_group("network")
-    group.add_argument("--initial-peers", nargs="+", metavar="MADDR", default=None,
+    group.add_argument("--initial-peers", nargs="+", metavar="MADDR", default=None, type=peer_address,
                        help=f"multiaddrs of peers already in the swarm, e.g. /ip4/1.2.3.4/tcp/31337/p2p/Qm... "
                             f"(default: ${INITIAL_PEERS_ENV}, space-separated)")
     group.add_argument("--host-maddrs", nargs="+", metavar="MADDR", default=[listen_default],
-                       help=f"where to listen (default: {listen_default})")
-    group.add_argument("--announce-maddrs", nargs="+", metavar="MADDR", default=[],
+                       type=listen_address, help=f"where to listen (default: {listen_default})")
+    group.add_argument("--announce-maddrs", nargs="+", metavar="MADDR", default=[], type=listen_address,
                        help="addresses to announce instead of the listening ones, e.g. a public IP and a "
                             "forwarded port: /ip4/203.0.113.5/tcp/31337")
     group.add_argument("--identity-path", metavar="FILE", default=None,
@@ -223,6 +223,12 @@ def api_access(args: argparse.Namespace):
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What argparse cannot check one flag at a time, before anything starts."""
     _check_blocks_within_model(parser, args)
+    if hasattr(args, "initial_peers") and args.initial_peers is None:  # $BLOOMPEER_INITIAL_PEERS: argparse's unseen
+        for address in initial_peers(args):
+            try:
+                peer_address(address)
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"${INITIAL_PEERS_ENV}: {exc}")
     if getattr(args, "needs_initial_peers", False) and not initial_peers(args):
         parser.error(f"there is no swarm to ask: pass --initial-peers MADDR (an address that `bloompeer dht` or a "
                      f"server printed), or set ${INITIAL_PEERS_ENV}")
