@@ -27,6 +27,7 @@ _LAZY = {
     "ErrorFrame": ".messages",
     "FLOAT_DTYPES": ".tensors",
     "FORWARD_PROTOCOL": ".messages",
+    "FoundRecord": ".dht",
     "ForwardRequest": ".messages",
     "Gradients": ".messages",
     "INFERENCE_PROTOCOL": ".messages",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.node import DHTNode
@@ -24,7 +25,7 @@ from .framing import unpack
 from .identity import peer_id_of
 from .records import ServerRecord, block_key
 
-__all__ = ["BlockDirectory", "BlockRecordValidator", "make_record_validator", "get_dht_time"]
+__all__ = ["BlockDirectory", "BlockRecordValidator", "FoundRecord", "make_record_validator", "get_dht_time"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,11 @@ def make_record_validator(signing_key: RSAPrivateKey | None) -> tuple[CompositeV
     return CompositeValidator([signature, BlockRecordValidator()]), signature.local_public_key
 
 
+class FoundRecord(NamedTuple):
+    record: ServerRecord
+    expiration_time: float  # DHT time (get_dht_time) at which the DHT forgets it
+
+
 class BlockDirectory:
     """Block records of one or more models on a DHT node that this process runs."""
 
@@ -79,6 +85,11 @@ class BlockDirectory:
 
     async def find_servers(self, model_uid: str, num_blocks: int) -> dict[int, list[ServerRecord]]:
         """Latest records of every server of every block; malformed records are skipped."""
+        found = await self.find_records(model_uid, num_blocks)
+        return {index: [item.record for item in items] for index, items in found.items()}
+
+    async def find_records(self, model_uid: str, num_blocks: int) -> dict[int, list[FoundRecord]]:
+        """find_servers' records, each with the DHT time it expires at."""
         keys = [block_key(model_uid, index) for index in range(num_blocks)]
         try:
             found = await asyncio.wait_for(
@@ -87,12 +98,12 @@ class BlockDirectory:
         except asyncio.TimeoutError:
             logger.warning("Looking up %s's servers timed out after %.0f s", model_uid, self.timeout_s)
             return {}
-        servers: dict[int, list[ServerRecord]] = {}
+        servers: dict[int, list[FoundRecord]] = {}
         for index, key in enumerate(keys):
             entry = found.get(key)
             if entry is None or not isinstance(entry.value, dict):
                 continue
-            servers[index] = [record for subkey, item in entry.value.items()
+            servers[index] = [FoundRecord(record, item.expiration_time) for item in entry.value.values()
                               if (record := _parse(item.value, key)) is not None]
         return servers
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,25 @@ def swarm_client(swarm, model_path, tuning_mode=None, pre_seq_len=0, **config) -
     settings = dict(request_timeout_s=3.0, swarm_refresh_period_s=1.0, poll_period_s=0.5) | config
     return DistributedBloomForCausalLM.from_pretrained(model_path, client_config=ClientConfig(network, **settings),
                                                        tuning_mode=tuning_mode, pre_seq_len=pre_seq_len)
+
+
+def seen_servers(model) -> set[str]:
+    return {record.peer_id for records in model.client.swarm.servers.values() for record in records}
+
+
+def wait_until_seen(model, spans: dict[str, range], timeout_s: float = 30.0) -> None:
+    """The choice is tested, so every candidate must be in the client's view for each of its blocks
+    (a DHT read can come back partial: one block's lookup may miss a server that another's found,
+    or miss a slowed server whose DHT node is stopped), and its round trip measured."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        model.client.runtime.run(model.client.swarm.refresh())
+        servers = model.client.swarm.servers
+        seen = {peer for peer, blocks in spans.items()
+                if all(peer in {record.peer_id for record in servers.get(block, [])} for block in blocks)}
+        if seen == set(spans) and all(peer in model.client.swarm.rtts_s for peer in spans):
+            return
+        assert time.monotonic() < deadline, f"the client saw all the blocks of only {seen} of {set(spans)}"
 
 
 class AtCall(LogitsProcessor):

@@ -115,7 +115,7 @@ def test_ctrl_c_during_generation_stops_everything(tmp_path, tiny_checkpoint):
 def test_bad_arguments_are_explained():
     result = _run(["serve", "--model", "x", "--blocks", "4:2"])
     assert result.returncode == 2 and "start < end" in result.stderr
-    result = _run(["generate", "x", "--greedy", "--temperature", "0.5", "--initial-peers", "/ip4/127.0.0.1/tcp/1"])
+    result = _run(["generate", "x", "--greedy", "--temperature", "0.5", "--initial-peers", UNREACHABLE_PEER])
     assert result.returncode == 1 and "--greedy cannot be combined" in result.stderr
 
 

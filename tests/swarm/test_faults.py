@@ -16,7 +16,7 @@ from transformers import LogitsProcessorList
 
 from bloompeer import MissingBlocksError
 
-from .conftest import AtCall
+from .conftest import AtCall, seen_servers, wait_until_seen
 from .conftest import swarm_client as _client
 
 PROMPT = torch.tensor([[1, 30, 31, 32, 33]])
@@ -83,7 +83,7 @@ def test_a_span_moved_next_to_its_own_server_is_pushed_on(swarm, fresh_model, st
         first.signal(signal.SIGKILL)
 
     with _client(swarm, fresh_model, push=True, recovery_timeout_s=10.0) as model, torch.inference_mode():
-        _wait_until_both_seen(model, {first.peer_id_str, spare[0].peer_id_str})  # the first route is tested
+        wait_until_seen(model, {first.peer_id_str: range(0, 2), spare[0].peer_id_str: range(0, 4)})
         tokens = model.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
                                 logits_processor=LogitsProcessorList([AtCall(4, kill_first),
                                                                       AtCall(NEW_TOKENS, note_route)]))
@@ -137,31 +137,16 @@ def test_routing_prefers_the_faster_of_two_servers(swarm, fresh_model, start_ser
         try:
             with _client(swarm, fresh_model) as model:
                 view = model.client.swarm
-                _wait_until_both_seen(model, {slow.peer_id_str, fast.peer_id_str})
+                wait_until_seen(model, {slow.peer_id_str: range(0, 4), fast.peer_id_str: range(0, 4)})
                 with model.inference_session(max_length=8) as session, torch.inference_mode():
                     model(PROMPT)
                     route = [piece.peer_id_str for piece in session.route]
                 assert route == [fast.peer_id_str], (
                     f"routed through the slowed server {slow.peer_id_str}; the client measured {view.rtts_s} "
-                    f"and saw servers {_seen(model)}")
+                    f"and saw servers {seen_servers(model)}")
         finally:
             stop_slowing.set()
             slowing.join()
-
-
-def _seen(model) -> set[str]:
-    return {record.peer_id for records in model.client.swarm.servers.values() for record in records}
-
-
-def _wait_until_both_seen(model, peers: set[str], timeout_s: float = 30.0) -> None:
-    """The choice is tested, so both candidates must be in the client's view, their round trips
-    measured (a DHT read while the slowed server's DHT node is stopped can come back partial)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        model.client.runtime.run(model.client.swarm.refresh())
-        if _seen(model) >= peers and all(peer in model.client.swarm.rtts_s for peer in peers):
-            return
-        assert time.monotonic() < deadline, f"the client saw only {_seen(model)} of {peers}"
 
 
 def _throttle(server, stop: threading.Event) -> None:

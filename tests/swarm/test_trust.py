@@ -12,7 +12,7 @@ import torch
 
 from bloompeer.peer.client.health import MISBEHAVIOR_BAN_S
 
-from .conftest import swarm_client
+from .conftest import swarm_client, wait_until_seen
 
 LIAR = [sys.executable, str(Path(__file__).parent.parent / "helpers" / "lying_server.py")]
 FAST = ("--throughput", "1e6")  # announced as very fast, so routing prefers it ...
@@ -64,9 +64,10 @@ def test_a_lie_is_caught_in_a_session_with_deep_prompts(swarm, fresh_model, star
 
 def test_without_verification_the_lie_goes_through(swarm, fresh_model, start_servers, reference_model):
     """The control experiment: unchecked, the liar's outputs reach the client."""
-    start_servers([(0, 4)], *FAST, program=LIAR)
-    start_servers([(0, 4)], *SLOW)
+    liar = start_servers([(0, 4)], *FAST, program=LIAR)[0]
+    honest = start_servers([(0, 4)], *SLOW)[0]
     with swarm_client(swarm, fresh_model) as model, torch.inference_mode():
+        wait_until_seen(model, {liar.peer_id_str: range(4), honest.peer_id_str: range(4)})  # the choice is tested
         difference = (model(PROMPT).logits - reference_model(PROMPT).logits).abs().max()
     assert difference > 1e-2
 

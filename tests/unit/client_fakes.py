@@ -8,7 +8,9 @@ import time
 
 import torch
 
-from bloompeer.p2p import ErrorCode, PeerUnavailableError, RequestLimits, ServerRecord, ServerState, Step
+from bloompeer.p2p import (
+    ErrorCode, FoundRecord, PeerUnavailableError, RequestLimits, ServerRecord, ServerState, Step,
+)
 from bloompeer.peer.client.health import BanList
 from bloompeer.peer.client.routing import SpanRoute
 from bloompeer.peer.client.swarm import SwarmView
@@ -27,8 +29,9 @@ class FixedDirectory:
     def __init__(self, records: list[ServerRecord]):
         self.records = records
 
-    async def find_servers(self, model_uid: str, num_blocks: int) -> dict[int, list[ServerRecord]]:
-        return {i: [r for r in self.records if r.start <= i < r.end] for i in range(num_blocks)}
+    async def find_records(self, model_uid: str, num_blocks: int) -> dict[int, list[FoundRecord]]:
+        forever = float("inf")
+        return {i: [FoundRecord(r, forever) for r in self.records if r.start <= i < r.end] for i in range(num_blocks)}
 
 
 def swarm_of(*records: ServerRecord, rtts_s: dict[str, float] | None = None) -> SwarmView:

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Collection, Mapping
 
-from ...p2p import P2P, BlockDirectory, ServerRecord
+from ...p2p import P2P, BlockDirectory, FoundRecord, ServerRecord, get_dht_time
 from .errors import MissingBlocksError, RequestTooLargeError, block_ranges
 from .health import BanList, ping
 from .routing import (
@@ -47,7 +47,8 @@ class SwarmView:
         self.trusted = frozenset(trusted)
         self.quant_allowed = None if quant_allowed is None else frozenset(quant_allowed)
         self.refresh_period_s, self.ping_timeout_s = refresh_period_s, ping_timeout_s
-        self.announced: dict[int, list[ServerRecord]] = {}  # every record found, usable or not
+        self.announced: dict[int, list[ServerRecord]] = {}  # every record known, usable or not
+        self._known: dict[tuple[int, str], FoundRecord] = {}  # (block, peer id) -> its latest record, until it expires
         self.servers: dict[int, list[ServerRecord]] = {}  # those this client may route through
         self.rtts_s: dict[str, float] = {}
         self.bans = BanList()
@@ -55,10 +56,27 @@ class SwarmView:
         self._updated_at = float("-inf")
 
     async def refresh(self) -> None:
-        self.announced = await self.directory.find_servers(self.model_uid, self.num_blocks)
+        self._remember(await self.directory.find_records(self.model_uid, self.num_blocks))
         self.servers = usable_servers(self.announced, self.fingerprint, self.trusted, self.quant_allowed)
         self._updated_at = time.monotonic()
         await self._ping_stale()
+
+    def _remember(self, found: dict[int, list[FoundRecord]]) -> None:
+        """Add a DHT read to what earlier reads found. A record stays until it expires or a newer one of
+        its server replaces it, as on the DHT: a read can come back partial (one block's lookup missing
+        peers that another's found), and taking it as the whole truth made routes flap."""
+        now, earlier = get_dht_time(), self._known
+        known = {}
+        for index, items in found.items():
+            for item in items:
+                key = (index, item.record.peer_id)
+                newest = earlier.get(key)
+                known[key] = newest if newest and newest.expiration_time > item.expiration_time else item
+        known |= {key: item for key, item in earlier.items() if key not in known and item.expiration_time > now}
+        self._known = known
+        self.announced = {}
+        for (index, _), item in known.items():
+            self.announced.setdefault(index, []).append(item.record)
 
     async def _ping_stale(self) -> None:
         """Ping servers not pinged lately, and again every time those that did not answer."""
