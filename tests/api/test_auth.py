@@ -1,6 +1,7 @@
 """API keys (`bloompeer api --api-key KEY`, repeatable, or $BLOOMPEER_API_KEY): /v1 needs one, as the
 openai client sends it, else 401 in OpenAI's shape; the dashboard and /metrics too, unless
---public-dashboard (checked with a real HTTP client); an open bind without a key is warned about."""
+--public-dashboard; /health never (checked with a real HTTP client); an open bind without a key is
+warned about."""
 
 from __future__ import annotations
 
@@ -90,6 +91,8 @@ def test_the_dashboard_and_metrics_need_the_key_unless_public(keyed_apis, model_
     with pytest.raises(openai.AuthenticationError):
         _complete(public, model_id, KEYS[0])
     assert _get(public.base_url + "/v1/models")[0] == 401
+    for api in keyed_apis:  # a probe holds no key
+        assert _get(api.base_url + "/health")[0] == 200
 
 
 def test_an_open_bind_without_a_key_is_warned_about(caplog):

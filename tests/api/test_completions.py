@@ -3,6 +3,7 @@ and streamed, equal to transformers' own greedy continuation on the same weights
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -39,6 +40,12 @@ def test_models_lists_the_checkpoint_with_its_coverage(client, model_id):
     assert models[0].model_extra["all_blocks_covered"] is True
     assert models[0].model_extra["missing_blocks"] == []
     assert models[0].model_extra["weights"] == ["float32"]  # how its online servers store the weights
+
+
+def test_health_is_200_while_every_block_is_served(api, model_id):
+    status, content_type, body = api.get("/health")
+    assert (status, content_type) == (200, "application/json")
+    assert json.loads(body) == {"status": "ok", "model": model_id, "missing_blocks": []}
 
 
 def test_greedy_completion_equals_transformers(client, model_id, reference, tokenizer):

@@ -3,6 +3,8 @@ the swarm's limits, named), 404 unknown model, 503 naming the blocks nobody serv
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 
@@ -67,6 +69,9 @@ def test_missing_blocks_are_503_naming_them(half_served_api, fresh_model):
         models = client.models.list().data
         assert models[0].model_extra["all_blocks_covered"] is False
         assert models[0].model_extra["missing_blocks"] == [2, 3]
+        status, _, body = half_served_api.get("/health")  # a readiness probe sees it at once, with no waiting
+        assert status == 503 and json.loads(body)["missing_blocks"] == [2, 3]
+        assert json.loads(body)["status"] == "unavailable"
         for stream in (False, True):
             with pytest.raises(openai.InternalServerError) as raised:
                 client.completions.create(model=fresh_model.name, prompt="x", max_tokens=4, stream=stream)

@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -29,12 +30,22 @@ from .conftest import PROMPT
 COMPOSE_FILE = Path(__file__).resolve().parents[2] / "docker" / "compose.yaml"
 VOLUNTEER_UID = 1000  # the image's user
 LISTEN = re.compile(r"/ip4/0\.0\.0\.0/tcp/\d+")
+API_LISTEN = re.compile(r"--host 0\.0\.0\.0 --port \d+")
+API_PORT = 8000  # the api service's, which its health check asks
 
 
 def service_argv(service: dict, image_entrypoint: list[str]) -> list[str]:
     """What compose would run: entrypoint then command, `$$` read as `$`; listening on loopback."""
     argv = [*service.get("entrypoint", image_entrypoint), *service["command"]]
-    return [LISTEN.sub("/ip4/127.0.0.1/tcp/0", arg.replace("$$", "$")) for arg in argv]
+    return [API_LISTEN.sub("--host 127.0.0.1 --port 0", LISTEN.sub("/ip4/127.0.0.1/tcp/0", arg.replace("$$", "$")))
+            for arg in argv]
+
+
+def health_check_argv(service: dict, port: int) -> list[str]:
+    """The service's health check command (compose's `CMD` form), asking `port` instead of the published one."""
+    kind, *argv = service["healthcheck"]["test"]
+    assert kind == "CMD"
+    return [arg.replace(f"127.0.0.1:{API_PORT}", f"127.0.0.1:{port}") for arg in argv]
 
 
 @pytest.fixture
@@ -93,6 +104,11 @@ def test_compose_services_generate_and_the_server_drains_on_sigterm(services, tm
     assert client.returncode == 0, client.stderr
     assert client.stdout.rstrip("\n") == PROMPT + demo_continuation
 
+    api_container, api = start("api")
+    api_port = urllib.parse.urlsplit(api.wait_for_line("api: ", deadline).split(" ", 1)[1]).port
+    health_check = health_check_argv(yaml.safe_load(COMPOSE_FILE.read_text())["services"]["api"], api_port)
+    assert _healthy_within(api_container, health_check, 60, want=True)
+
     # `docker stop` (with compose's `init: true`) is SIGTERM to the server: with a session still
     # open, it waits for it up to its drain timeout (5 s by default), then exits cleanly by itself
     config = ClientConfig(NetworkConfig(initial_peers=(bootstrap_maddr,), client_mode=True))
@@ -107,6 +123,19 @@ def test_compose_services_generate_and_the_server_drains_on_sigterm(services, tm
     assert "Drained: 1 session(s) still open after 5 s" in log, server.log_tail()
     assert "Traceback" not in log
     assert server_container.pids() == []
+    # with its only server gone, the api turns unhealthy once its view of the swarm is refreshed (10 s)
+    assert _healthy_within(api_container, health_check, 60, want=False)
+
+
+def _healthy_within(container, health_check: list[str], timeout_s: float, want: bool) -> bool:
+    """Run the health check in the container until it says `want` (True: healthy); False if it never does."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        checked = container.run(health_check, timeout_s=30)
+        if (checked.returncode == 0) == want:
+            assert want or "503" in checked.stderr, checked.stderr  # unhealthy: the endpoint said so
+            return True
+    return False
 
 
 def _uid(pid: int) -> int:

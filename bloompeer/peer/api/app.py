@@ -1,4 +1,6 @@
-"""The FastAPI app of `bloompeer api`: OpenAI's /v1 endpoints, the dashboard at / and /metrics.
+"""The FastAPI app of `bloompeer api`: OpenAI's /v1 endpoints, the dashboard at /, /metrics and
+/health (200 while every block has a usable server, else 503: for load balancers, orchestrators'
+readiness probes and compose health checks; it needs no key).
 
 One distributed causal LM (of any family) serves every request; each request's generate() runs on a
 thread of a bounded pool (see generation.py). The pool's size bounds the sessions this client
@@ -13,14 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
 
-from .auth import ApiAccess, RequireApiKey
+from .auth import HEALTH_PATH, ApiAccess, RequireApiKey
 from .completions import add_completion_routes
 from .dashboard import add_dashboard_routes
 from .errors import ApiError, install_error_handlers
 from .metrics import ApiMetrics
 from .openai_schema import model_list
-from .swarm_state import fetch_swarm_state
+from .swarm_state import fetch_swarm_state, fetch_unserved_blocks
 
 __all__ = ["ApiState", "create_app"]
 
@@ -102,6 +105,12 @@ def create_app(state: ApiState) -> FastAPI:
 
     add_completion_routes(app, state)
     add_dashboard_routes(app, state)
+
+    @app.get(HEALTH_PATH)
+    async def health() -> JSONResponse:
+        unserved = await fetch_unserved_blocks(state.model)
+        body = {"status": "unavailable" if unserved else "ok", "model": state.model_id, "missing_blocks": unserved}
+        return JSONResponse(body, status_code=503 if unserved else 200)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

@@ -4,7 +4,8 @@
 answered 401 in OpenAI's error shape without it. The dashboard, its data and /metrics follow the
 same rule unless the dashboard is public (`--public-dashboard`); since a browser cannot be told
 to send a bearer token, they also take the key as the password of HTTP basic authentication
-(any user name), and their 401 asks the browser for it. Keys are compared in constant time.
+(any user name), and their 401 asks the browser for it. /health never needs a key: probes hold
+none, and it tells only whether every block is served. Keys are compared in constant time.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .openai_schema import error_body
 __all__ = ["ApiAccess", "RequireApiKey", "is_loopback"]
 
 OPENAI_PREFIX = "/v1"
+HEALTH_PATH = "/health"  # a probe holds no key; it learns only whether every block is served
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class ApiAccess:
     public_dashboard: bool = False  # the dashboard, /api/swarm and /metrics need no key
 
     def needs_key(self, path: str) -> bool:
-        if not self.keys:
+        if not self.keys or path == HEALTH_PATH:
             return False
         return path == OPENAI_PREFIX or path.startswith(OPENAI_PREFIX + "/") or not self.public_dashboard
 

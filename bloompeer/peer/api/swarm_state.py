@@ -1,5 +1,6 @@
 """The swarm as the API sees it now: the DHT's records for the model (as `bloompeer status --json`
-prints them) and this client's measured round-trip time to each server.
+prints them) and this client's measured round-trip time to each server; and, for /health, the
+blocks this client has no usable server for.
 
 The lookup runs on the client's event loop (where its DHT node lives), called from a worker
 thread so the HTTP event loop never waits on it.
@@ -7,6 +8,7 @@ thread so the HTTP event loop never waits on it.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -14,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..swarm_status import status_data
 
-__all__ = ["fetch_swarm_state"]
+__all__ = ["fetch_swarm_state", "fetch_unserved_blocks"]
 
 
 async def _lookup(swarm_client) -> tuple[dict, dict[str, float]]:
@@ -34,3 +36,10 @@ async def fetch_swarm_state(model) -> dict[str, Any]:
                           for peer in sorted(peers)}
     return state
 
+
+
+async def fetch_unserved_blocks(model) -> list[int]:
+    """The blocks a request would wait for now (SwarmView.unserved_blocks): no DHT lookup, so a probe
+    every second costs nothing."""
+    swarm_client = model.client
+    return await asyncio.wrap_future(swarm_client.runtime.submit(swarm_client.swarm.unserved_blocks()))

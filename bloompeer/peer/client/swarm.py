@@ -78,6 +78,11 @@ class SwarmView:
         for (index, _), item in known.items():
             self.announced.setdefault(index, []).append(item.record)
 
+    async def unserved_blocks(self) -> list[int]:
+        """Blocks that no server this client may use serves now, as its last read of the DHT and its bans
+        say: what a request would wait for. No lookup; a coroutine so that it reads on the client's loop."""
+        return missing_blocks(self.servers, 0, self.num_blocks, self.bans.banned())
+
     async def _ping_stale(self) -> None:
         """Ping servers not pinged lately, and again every time those that did not answer."""
         now = time.monotonic()
