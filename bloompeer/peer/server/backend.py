@@ -60,8 +60,8 @@ class SpanBackend:
         return await self.registry.open(peer_id_str, nbytes, timeout_s, make_cache, on_expire, deliver)
 
     def _check_hidden(self, hidden: torch.Tensor, mask: torch.Tensor | None, batch: int | None = None) -> None:
-        if hidden.ndim != 3 or hidden.shape[2] != self.hidden_size or hidden.shape[1] == 0:
-            raise ProtocolError(f"hidden states must be [batch, tokens >= 1, {self.hidden_size}], "
+        if hidden.ndim != 3 or hidden.shape[2] != self.hidden_size or 0 in hidden.shape[:2]:
+            raise ProtocolError(f"hidden states must be [batch >= 1, tokens >= 1, {self.hidden_size}], "
                                 f"got {list(hidden.shape)}")
         if batch is not None and hidden.shape[0] != batch:
             raise ProtocolError(f"the session was opened for batch {batch}, got {hidden.shape[0]} rows")
@@ -71,6 +71,10 @@ class SpanBackend:
                           "--max-step-tokens")
 
     async def step(self, session: Session, step: Step) -> torch.Tensor:
+        async with session.stepping:
+            return await self._step(session, step)
+
+    async def _step(self, session: Session, step: Step) -> torch.Tensor:
         if not self.accepting():
             raise ProtocolError("this server is shutting down; move the session elsewhere", ErrorCode.NOT_SERVING)
         cache = session.cache
@@ -85,6 +89,7 @@ class SpanBackend:
             raise ProtocolError(f"{step.position} + {num_new} tokens exceed the session's max_length "
                                 f"{cache.max_length}", ErrorCode.TOO_LARGE)
         self._check_prompts(step.prompts, cache.end - cache.start, step.hidden)
+        _check_push(session, step)
         hypo_ids = step.hypo_ids
         if hypo_ids is not None and (hypo_ids.shape != (cache.batch,) or not bool(
                 ((hypo_ids >= 0) & (hypo_ids < cache.batch)).all())):
@@ -121,3 +126,12 @@ class SpanBackend:
             raise ProtocolError(f"grad_output must be shaped like hidden {list(request.hidden.shape)}, "
                                 f"got {list(request.grad_output.shape)}")
         return await self.scheduler.backward(request)
+
+
+def _check_push(session: Session, step: Step) -> None:
+    """The hops a step is pushed on to must be distinct sessions, none of them this one: a chain that
+    names a session twice would make one frame cost a pass per naming (a loop through this server, or
+    between two), where a real chain costs one pass per session its client opened."""
+    sessions = {session.token, *(hop.session_id for hop in step.push)}
+    if len(sessions) != len(step.push) + 1:
+        raise ProtocolError("push: every hop must be another session, named once")

@@ -28,6 +28,14 @@ __all__ = ["handle_inference_stream", "handle_forward_stream", "handle_info_stre
 logger = logging.getLogger(__name__)
 
 CLOSE = object()  # a frame handler's answer meaning "the client is done: end the stream"
+# Steps of one push stream being computed or answered at once; the stream is read on as they finish.
+# The previous server pushes every session it shares with us on one stream, and a pass batches at
+# most a few dozen of them: more in flight would only queue, each holding its frame.
+MAX_PUSHED_IN_FLIGHT = 64
+# An answer the session's client has not taken in this long ends the session: its client stopped
+# reading, and the step (with its output) would otherwise wait for it forever. Twice a client's
+# default request timeout (ClientConfig.request_timeout_s), which includes the answer's transfer.
+DELIVER_TIMEOUT_S = 60.0
 FrameHandler = Callable[[dict[str, Any]], Awaitable[Message | None | object]]
 
 
@@ -143,10 +151,13 @@ class _InferenceStream:
 
     async def send(self, message: Message) -> None:
         try:
-            async with self._writing:
+            async with asyncio.timeout(DELIVER_TIMEOUT_S), self._writing:
                 await write_frame(self.writer, message.to_wire())
         except (ConnectionError, RuntimeError) as exc:  # the client went away; the stream loop ends too
             logger.debug("Could not answer %s: %r", self.peer_id_str, exc)
+        except TimeoutError:
+            logger.info("Ending a session of %s: it took no answer for %.0f s", self.peer_id_str, DELIVER_TIMEOUT_S)
+            self.writer.close()
 
     async def handle(self, frame: dict[str, Any]) -> Message | None | object:
         message = decode_message(frame, OpenSession, Step, CloseSession)
@@ -185,6 +196,7 @@ async def handle_push_stream(serving: Callable[[], SpanBackend], pusher: PushSen
     server keeps its stream to us open for all the sessions it pushes to us, also across a move
     of ours to other blocks: each step goes to the backend `serving()` now."""
     running: set[asyncio.Task] = set()
+    in_flight = asyncio.Semaphore(MAX_PUSHED_IN_FLIGHT)
 
     async def handle(frame: dict[str, Any]) -> None:
         backend = serving()
@@ -192,9 +204,10 @@ async def handle_push_stream(serving: Callable[[], SpanBackend], pusher: PushSen
         session = _pushed_session(backend, pushed, peer_id_str)
         if session is None:
             return None
+        await in_flight.acquire()  # the next frame is read once a step here is done
         task = asyncio.create_task(run_step(backend, pusher, session, pushed.step, pushed=True))
         running.add(task)
-        task.add_done_callback(running.discard)
+        task.add_done_callback(lambda done: (running.discard(done), in_flight.release()))
         return None
 
     async def send_nothing(message: Message) -> None:  # errors in pushed frames go to the log only

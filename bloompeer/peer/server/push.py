@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 
 from ...p2p import P2P, PUSH_PROTOCOL, PeerStream, PushStep, PushTarget, RemoteError
 
@@ -23,19 +24,32 @@ class PushSender:
         self.p2p, self.own_peer_id, self.timeout_s = p2p, own_peer_id, timeout_s  # a hop here is no push: handlers.py
         self._streams: dict[str, PeerStream] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._pushing: Counter[str] = Counter()  # pushes under way (or waiting) per next hop
 
     async def push(self, target: PushTarget, step: PushStep) -> None:
-        lock = self._locks.setdefault(target.peer_id_str, asyncio.Lock())
-        async with lock:  # one frame at a time per stream; a fresh stream if the kept one broke
-            for attempt in range(2):
-                try:
-                    stream = await self._stream(target.peer_id_str)
-                    await stream.send(step, self.timeout_s)
-                    return
-                except RemoteError as exc:
-                    self._drop(target.peer_id_str)
-                    if attempt:
-                        logger.warning("Could not push a step to %s: %r", target.peer_id_str, exc)
+        peer = target.peer_id_str
+        lock = self._locks.setdefault(peer, asyncio.Lock())
+        self._pushing[peer] += 1
+        try:
+            async with lock:  # one frame at a time per stream; a fresh stream if the kept one broke
+                await self._send(peer, step)
+        finally:
+            self._pushing[peer] -= 1
+            if not self._pushing[peer]:  # forget a hop nobody pushes to and no stream is kept for: a
+                del self._pushing[peer]  # client may name any peer id as its next hop
+                if peer not in self._streams:
+                    del self._locks[peer]
+
+    async def _send(self, peer: str, step: PushStep) -> None:
+        for attempt in range(2):
+            try:
+                stream = await self._stream(peer)
+                await stream.send(step, self.timeout_s)
+                return
+            except RemoteError as exc:
+                self._drop(peer)
+                if attempt:
+                    logger.warning("Could not push a step to %s: %r", peer, exc)
 
     async def _stream(self, peer_id_str: str) -> PeerStream:
         if peer_id_str not in self._streams:

@@ -128,10 +128,13 @@ class Scheduler:
     def _inference_work(self, cache: SessionCache, step: Step) -> _Work:
         length_before = cache.length
         num_new = step.hidden.shape[1]
+        reordered = step.hypo_ids is None
 
         def segment() -> Segment:
-            if step.hypo_ids is not None:
+            nonlocal reordered
+            if not reordered:  # once: a batch that failed calls segment() again for each of its requests
                 cache.reorder(step.hypo_ids.to(self.device))
+                reordered = True
             hidden, mask = self._on_device(step.hidden), self._on_device(step.padding_mask)
             return Segment(hidden, cache.begin_step(step.position, mask, num_new), cache, self._on_device(step.prompts))
 
@@ -218,14 +221,17 @@ class Scheduler:
                 return
 
     def _next_batch(self) -> list[_Work]:
-        """The first waiting work, plus any work of its group that fits (in queue order)."""
+        """The first waiting work, plus any work of its group that fits (in queue order), one step per
+        session: two steps of one cache in a pass would write to it at once."""
         first = heapq.heappop(self._queue)
-        batch, rows, skipped = [first], first.rows, []
+        batch, rows, skipped, sessions = [first], first.rows, [], {first.session}
         while self._queue and first.segment is not None and len(batch) != self.max_batch_sessions:
             work = heapq.heappop(self._queue)
-            if work.segment is not None and work.group == first.group and rows + work.rows <= self.max_batch_tokens:
+            if (work.segment is not None and work.group == first.group and work.session not in sessions
+                    and rows + work.rows <= self.max_batch_tokens):
                 batch.append(work)
                 rows += work.rows
+                sessions.add(work.session)
             else:
                 skipped.append(work)
         for work in skipped:

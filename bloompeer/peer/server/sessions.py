@@ -34,6 +34,9 @@ class Session:
     deliver: Callable[[Message], Awaitable[None]]  # answers the session's client, on its stream
     token: str = field(default_factory=lambda: secrets.token_hex(16))  # lets the previous server push steps here
     last_active: float = field(default_factory=time.monotonic)
+    # held while a step is checked and computed: a session's steps (from its client and pushed) run
+    # one at a time, in arrival order, each checked against the cache as the one before left it
+    stepping: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
