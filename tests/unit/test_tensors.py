@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from bloompeer.p2p import FLOAT_DTYPES, ProtocolError, tensor_from_wire, tensor_to_wire
+from bloompeer.p2p import FLOAT_DTYPES, ProtocolError, codecs, tensor_from_wire, tensor_to_wire
+from bloompeer.p2p.tensors import MAX_TENSOR_EXTENT
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])
@@ -48,3 +49,39 @@ def test_decoded_tensor_owns_its_memory():
     decoded = tensor_from_wire(wire, "t", FLOAT_DTYPES)
     decoded += 1  # must not fail (writable) nor touch the frame's bytes
     assert tensor_from_wire(wire, "t", FLOAT_DTYPES).eq(1).all()
+
+
+@pytest.mark.parametrize("shape", [
+    [1 << 62, 1 << 62, 0],  # torch: "Storage size calculation overflowed"
+    [1 << 63, 0],  # torch: TypeError, "Overflow when unpacking long long"
+    [(1 << 64) - 1, 0],
+    [MAX_TENSOR_EXTENT + 1, 0],
+    [1 << 25, 1 << 25, 0],  # each dim fine, their product absurd
+])
+def test_absurd_shapes_are_refused_even_without_values(shape):
+    """No bytes are needed to claim them, as a dim of 0 makes the tensor empty."""
+    with pytest.raises(ProtocolError):
+        tensor_from_wire({"dtype": "float32", "shape": shape, "codec": "raw", "data": b""}, "t", FLOAT_DTYPES)
+
+
+def test_the_largest_sane_empty_shape_decodes():
+    assert tensor_from_wire(_wire(shape=[MAX_TENSOR_EXTENT, 0], data=b""), "t", FLOAT_DTYPES).shape == \
+        (MAX_TENSOR_EXTENT, 0)
+
+
+def test_bool_values_are_zero_or_one():
+    wire = tensor_to_wire(torch.tensor([True, False]))
+    assert tensor_from_wire(wire, "t", frozenset({"bool"})).tolist() == [True, False]
+    with pytest.raises(ProtocolError):
+        tensor_from_wire({**wire, "data": b"\x01\x02"}, "t", frozenset({"bool"}))
+
+
+@pytest.mark.parametrize("error", [RuntimeError("bad storage"), TypeError("bad size"), ValueError, OverflowError])
+def test_a_torch_error_while_decoding_is_a_protocol_error(monkeypatch, error):
+    """Whatever torch raises on a peer's tensor is the peer's bad data, never a crash of the handler."""
+    def failing_decode(*args):
+        raise error
+
+    monkeypatch.setattr(codecs, "decode", failing_decode)
+    with pytest.raises(ProtocolError):
+        tensor_from_wire(tensor_to_wire(torch.ones(4)), "t", FLOAT_DTYPES)
