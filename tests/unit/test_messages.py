@@ -126,3 +126,16 @@ def test_a_tensor_of_the_wrong_ndim_is_refused_before_it_is_decoded(monkeypatch,
     monkeypatch.setattr(codecs, "decode", decode_the_others)
     with pytest.raises(ProtocolError, match=f"{field}: shape must be {ndim} dims"):
         decode_message(wire, type(message))
+
+
+@pytest.mark.parametrize("maddr", ["/ip4/1.2.3.4/tcp/65536", "/ip4/1.2.3.4/tcp/0", "/ip4/1.2.3.4/tcp/²", "1.2.3.4:80",
+                                   "/ip4/1.2.3.4/tcp/80/p2p-circuit"])
+def test_a_dialback_request_names_plain_addresses_only(maddr):
+    with pytest.raises(ProtocolError) as info:
+        decode_message({"type": "dialback", "maddrs": ["/ip4/1.2.3.4/tcp/1", maddr]}, DialbackRequest)
+    assert info.value.code is ErrorCode.BAD_REQUEST
+
+
+def test_a_dialback_result_is_bounded():
+    with pytest.raises(ProtocolError):
+        decode_message({"type": "dialback_result", "reachable": ["/ip4/1.2.3.4/tcp/1"] * 9}, DialbackResult)
