@@ -40,12 +40,12 @@ class _ItemBudget:
     """
 
     def __init__(self, limit: int):
-        self.left = limit
+        self.limit = self.left = limit
 
     def _spend(self, items: int) -> None:
         self.left -= items
         if self.left < 0:
-            raise ProtocolError(f"a frame may hold at most {MAX_FRAME_ITEMS} items (values, arrays and maps)")
+            raise ProtocolError(f"a frame may hold at most {self.limit} items (values, arrays and maps)")
 
     def array(self, values: list) -> list:
         self._spend(1 + len(values))
