@@ -59,9 +59,9 @@ def main() -> None:
         for codec in sorted(codecs.CODECS, key=lambda c: codecs.encoded_nbytes(c, tensor.numel(), tensor.dtype),
                             reverse=True):
             wire = tensor_to_wire(tensor, codec)
-            decoded = tensor_from_wire(wire, name, FLOAT_DTYPES)
+            decoded = tensor_from_wire(wire, name, FLOAT_DTYPES, tensor.ndim)
             error = float((decoded - tensor).norm() / tensor.norm())
-            ms = timed(lambda: tensor_from_wire(tensor_to_wire(tensor, codec), name, FLOAT_DTYPES))
+            ms = timed(lambda: tensor_from_wire(tensor_to_wire(tensor, codec), name, FLOAT_DTYPES, tensor.ndim))
             print(f"{name:<12} {codec:<22} {len(wire['data']):>9} {len(wire['data']) / raw_bytes:>7.3f} "
                   f"{error:>11.2e} {ms:>11.3f}")
         for label, kind in [("hivemind NONE", runtime_pb2.NONE), ("hivemind FLOAT16", runtime_pb2.FLOAT16)]:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 __all__ = ["CODECS", "LOSSY_CODECS", "encode", "decode", "encoded_nbytes"]
 
 BLOCK = 256
+_CHUNK_BLOCKS = 4096  # blocks decoded at a time into a non-float32 output: a float32 scratch of 4 MiB
 CODECS = frozenset({"raw", "float16", "bfloat16", "int8-blockwise"})
 LOSSY_CODECS = CODECS - {"raw"}
 _HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -64,8 +66,32 @@ def decode(data: bytes, codec: str, dtype: torch.dtype, numel: int) -> torch.Ten
         return _from_raw(data, dtype)
     if codec in _HALF:
         return _from_raw(data, _HALF[codec]).to(dtype)
+    return _decode_blockwise(data, dtype, numel)
+
+
+def _decode_blockwise(data: bytes, dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """int8-blockwise into one buffer, the output: it is 4 bytes of float32 per byte received, so
+    each full-size intermediate would cost 4 times the frame. Scales and values are read in place
+    from `data` (numpy views, read only), and numpy scales each chunk of blocks straight into the
+    output (through a small float32 scratch when the output is not float32)."""
     blocks = math.ceil(numel / BLOCK)
-    scales = _from_raw(data[: 4 * blocks], torch.float32)
-    values = torch.frombuffer(bytearray(data[4 * blocks:]), dtype=torch.int8).float()
-    padded = torch.nn.functional.pad(values, (0, -numel % BLOCK)).view(blocks, BLOCK)
-    return (padded * scales[:, None]).reshape(-1)[:numel].to(dtype)
+    scales = np.frombuffer(data, np.float32, count=blocks)
+    values = np.frombuffer(data, np.int8, count=numel, offset=4 * blocks)
+    out = torch.empty(numel, dtype=dtype)
+    scratch = None if dtype == torch.float32 else torch.empty(min(numel, _CHUNK_BLOCKS * BLOCK))
+    for first in range(0, blocks, _CHUNK_BLOCKS):
+        start, stop = first * BLOCK, min((first + _CHUNK_BLOCKS) * BLOCK, numel)
+        target = out[start:stop] if scratch is None else scratch[: stop - start]
+        _scale_blocks(values[start:stop], scales[first: first + _CHUNK_BLOCKS], target.numpy())
+        if scratch is not None:
+            out[start:stop].copy_(target)
+    return out
+
+
+def _scale_blocks(values: np.ndarray, scales: np.ndarray, out: np.ndarray) -> None:
+    """out = each value times its block's scale, in float32; the last block may be partial."""
+    whole = len(values) // BLOCK * BLOCK
+    np.multiply(values[:whole].reshape(-1, BLOCK), scales[: whole // BLOCK, None], out=out[:whole].reshape(-1, BLOCK),
+                dtype=np.float32)
+    if whole < len(values):
+        np.multiply(values[whole:], scales[-1], out=out[whole:], dtype=np.float32)

@@ -2,7 +2,9 @@
 
 This is the framing of hivemind's `P2P.send_raw_data`, but the length is checked against a
 limit before the body is read, and decoding is strict: no ext types (so nothing a peer sends is
-ever turned into an object other than plain data), string map keys only, bounded sizes.
+ever turned into an object other than plain data), string map keys only, bounded sizes, and a
+bounded number of items: msgpack builds one Python object per item, so a frame of one-byte empty
+arrays would otherwise cost ~75 bytes of memory per byte received.
 """
 
 from __future__ import annotations
@@ -14,14 +16,44 @@ import msgpack
 
 from .errors import ErrorCode, ProtocolError
 
-__all__ = ["HEADER_BYTES", "DEFAULT_MAX_FRAME_BYTES", "pack", "unpack", "read_frame", "write_frame"]
+__all__ = [
+    "HEADER_BYTES", "DEFAULT_MAX_FRAME_BYTES", "MAX_FRAME_ITEMS", "pack", "unpack", "read_frame", "write_frame",
+]
 
 HEADER_BYTES = 8
 DEFAULT_MAX_FRAME_BYTES = 256 << 20  # a 512-token prefill of BLOOM-176B (hidden 14336) in fp32 is 29 MiB
+# containers and their elements in one frame: tensors travel as bytes (one item each), so the largest
+# real frames make ~450 (a step with every tensor, pushed along 64 hops; a full server record: ~90)
+MAX_FRAME_ITEMS = 4096
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"msgpack ext type {code} is not allowed")
+
+
+class _ItemBudget:
+    """Counts the items of one frame as msgpack builds it, and stops the decoding past `limit`.
+
+    msgpack calls the hooks as each array or map is complete, with its elements, and each is at most
+    `limit` long (max_array_len, max_map_len): a frame is refused after at most twice `limit` objects
+    were built, whatever their nesting.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = self.left = limit
+
+    def _spend(self, items: int) -> None:
+        self.left -= items
+        if self.left < 0:
+            raise ProtocolError(f"a frame may hold at most {self.limit} items (values, arrays and maps)")
+
+    def array(self, values: list) -> list:
+        self._spend(1 + len(values))
+        return values
+
+    def map(self, pairs: list[tuple[Any, Any]]) -> dict:
+        self._spend(1 + 2 * len(pairs))
+        return dict(pairs)
 
 
 def pack(message: dict[str, Any]) -> bytes:
@@ -30,10 +62,13 @@ def pack(message: dict[str, Any]) -> bytes:
 
 def unpack(payload: bytes) -> dict[str, Any]:
     """Decode one frame body into a dict with str keys, refusing anything else."""
+    budget = _ItemBudget(MAX_FRAME_ITEMS)
     try:
         message = msgpack.unpackb(
             payload, raw=False, strict_map_key=True, ext_hook=_refuse_ext, use_list=True,
             max_ext_len=0, max_str_len=len(payload), max_bin_len=len(payload),
+            max_array_len=MAX_FRAME_ITEMS, max_map_len=MAX_FRAME_ITEMS,
+            list_hook=budget.array, object_pairs_hook=budget.map,
         )
     except ProtocolError:
         raise

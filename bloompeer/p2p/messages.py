@@ -26,7 +26,7 @@ import torch
 
 from .codecs import CODECS
 from .errors import ErrorCode, ProtocolError
-from .tensors import FLOAT_DTYPES, tensor_from_wire, tensor_to_wire
+from .tensors import FLOAT_DTYPES, tensor_from_wire, tensor_to_wire, optional_tensor_to_wire as _optional_tensor
 
 __all__ = [
     "PROTOCOL_VERSION", "INFO_PROTOCOL", "INFERENCE_PROTOCOL", "FORWARD_PROTOCOL", "BACKWARD_PROTOCOL", "PUSH_PROTOCOL",
@@ -44,8 +44,13 @@ BACKWARD_PROTOCOL = f"bloompeer.backward/{PROTOCOL_VERSION}"
 
 MAX_STRING_CHARS = 1024
 MAX_WAIT_S = 3600.0  # the longest a client may ask a server to wait for anything
-_MASK_DTYPES = frozenset({"bool"})
-_INDEX_DTYPES = frozenset({"int64"})
+# every tensor field: its dtypes and number of dims (checked before its bytes are decoded). Hidden states
+# and their gradients are [batch, tokens, hidden size], deep prompts [blocks, batch, tokens, hidden size]
+_TENSOR_FIELDS: dict[str, tuple[frozenset[str], int]] = {
+    "hidden": (FLOAT_DTYPES, 3), "grad_output": (FLOAT_DTYPES, 3), "grad_hidden": (FLOAT_DTYPES, 3),
+    "prompts": (FLOAT_DTYPES, 4), "grad_prompts": (FLOAT_DTYPES, 4),
+    "padding_mask": (frozenset({"bool"}), 2), "hypo_ids": (frozenset({"int64"}), 1),  # [batch, tokens], [batch]
+}
 
 
 class Fields:
@@ -84,14 +89,10 @@ class Fields:
             raise ProtocolError(f"{self.type_name}.{name} must be a string of at most {MAX_STRING_CHARS} chars")
         return value
 
-    def tensor(self, name: str, dtypes: frozenset[str]) -> torch.Tensor | None:
+    def tensor(self, name: str) -> torch.Tensor | None:
         if self.message.get(name) is None:
             return None
-        return tensor_from_wire(self.message[name], f"{self.type_name}.{name}", dtypes)
-
-
-def _optional_tensor(tensor: torch.Tensor | None, codec: str = "raw") -> dict[str, Any] | None:
-    return None if tensor is None else tensor_to_wire(tensor, codec)
+        return tensor_from_wire(self.message[name], f"{self.type_name}.{name}", *_TENSOR_FIELDS[name])
 
 
 class Message:
@@ -209,9 +210,8 @@ class Step(Message):
 
     @classmethod
     def _from_fields(cls, f: Fields) -> Step:
-        return cls(f.int("position"), f.tensor("hidden", FLOAT_DTYPES), f.tensor("padding_mask", _MASK_DTYPES),
-                   f.tensor("hypo_ids", _INDEX_DTYPES), f.int("step_id") if "step_id" in f.message else 0,
-                   _push_targets(f, "push"), f.tensor("prompts", FLOAT_DTYPES))
+        return cls(f.int("position"), f.tensor("hidden"), f.tensor("padding_mask"), f.tensor("hypo_ids"),
+                   f.int("step_id") if "step_id" in f.message else 0, _push_targets(f, "push"), f.tensor("prompts"))
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,7 @@ class StepOutput(Message):
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> StepOutput:
         f = Fields(message, cls.TYPE, {"hidden"}, {"step_id"})
-        return cls(f.tensor("hidden", FLOAT_DTYPES), f.int("step_id") if "step_id" in message else 0)
+        return cls(f.tensor("hidden"), f.int("step_id") if "step_id" in message else 0)
 
 
 @dataclass(frozen=True)
@@ -287,8 +287,8 @@ class ForwardRequest(Message):
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> ForwardRequest:
         f = Fields(message, cls.TYPE, {"model", "start", "end", "hidden"}, {"padding_mask", "prompts", "output_codec"})
-        return cls(f.str("model"), f.int("start"), f.int("end", 1), f.tensor("hidden", FLOAT_DTYPES),
-                   f.tensor("padding_mask", _MASK_DTYPES), f.tensor("prompts", FLOAT_DTYPES), f.codec("output_codec"))
+        return cls(f.str("model"), f.int("start"), f.int("end", 1), f.tensor("hidden"), f.tensor("padding_mask"),
+                   f.tensor("prompts"), f.codec("output_codec"))
 
 
 @dataclass(frozen=True)
@@ -321,9 +321,8 @@ class BackwardRequest(Message):
     def from_wire(cls, message: dict[str, Any]) -> BackwardRequest:
         f = Fields(message, cls.TYPE, {"model", "start", "end", "hidden", "grad_output"},
                    {"padding_mask", "prompts", "output_codec"})
-        return cls(f.str("model"), f.int("start"), f.int("end", 1), f.tensor("hidden", FLOAT_DTYPES),
-                   f.tensor("grad_output", FLOAT_DTYPES), f.tensor("padding_mask", _MASK_DTYPES),
-                   f.tensor("prompts", FLOAT_DTYPES), f.codec("output_codec"))
+        return cls(f.str("model"), f.int("start"), f.int("end", 1), f.tensor("hidden"), f.tensor("grad_output"),
+                   f.tensor("padding_mask"), f.tensor("prompts"), f.codec("output_codec"))
 
 
 @dataclass(frozen=True)
@@ -340,7 +339,7 @@ class Gradients(Message):
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> Gradients:
         f = Fields(message, cls.TYPE, {"grad_hidden"}, {"grad_prompts"})
-        return cls(f.tensor("grad_hidden", FLOAT_DTYPES), f.tensor("grad_prompts", FLOAT_DTYPES))
+        return cls(f.tensor("grad_hidden"), f.tensor("grad_prompts"))
 
 
 @dataclass(frozen=True)

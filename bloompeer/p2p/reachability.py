@@ -2,7 +2,9 @@
 
 The helper opens plain TCP connections to the addresses the peer lists, but only to those on the
 IP address the helper sees the request coming from: a peer can learn whether *its own* address is
-open, and cannot turn helpers into scanners of other hosts.
+open, and cannot turn helpers into scanners of other hosts. A request must list plain multiaddrs
+(host and port, see maddrs.py), else it is refused as bad_request; and the asker believes a helper
+only about the addresses it asked about, as those it finds reachable are the ones it announces.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from .errors import ProtocolError, RemoteError
 from .framing import read_frame, write_frame
-from .messages import MAX_STRING_CHARS, PROTOCOL_VERSION, ErrorFrame, Fields, Message, decode_message
+from .maddrs import MAX_MADDR_CHARS, check_plain_maddr
+from .messages import PROTOCOL_VERSION, ErrorFrame, Fields, Message, decode_message
 from .streams import PeerStream
 
 __all__ = ["DIALBACK_PROTOCOL", "DialbackRequest", "DialbackResult", "serve_dialback", "reachable_maddrs"]
@@ -46,10 +49,12 @@ class DialbackRequest(Message):
     def from_wire(cls, message: dict[str, Any]) -> DialbackRequest:
         f = Fields(message, cls.TYPE, {"maddrs"})
         maddrs = message["maddrs"]
-        if (not isinstance(maddrs, list) or len(maddrs) > MAX_DIALBACK_ADDRS
-                or not all(isinstance(m, str) and len(m) <= MAX_STRING_CHARS for m in maddrs)):
-            raise ProtocolError(f"{f.type_name}.maddrs must be at most {MAX_DIALBACK_ADDRS} multiaddr strings")
-        return cls(tuple(maddrs))
+        if not isinstance(maddrs, list) or len(maddrs) > MAX_DIALBACK_ADDRS:
+            raise ProtocolError(f"{f.type_name}.maddrs must be a list of at most {MAX_DIALBACK_ADDRS} multiaddrs")
+        try:
+            return cls(tuple(check_plain_maddr(maddr) for maddr in maddrs))
+        except ProtocolError as exc:
+            raise ProtocolError(f"{f.type_name}.maddrs: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -64,9 +69,21 @@ class DialbackResult(Message):
     def from_wire(cls, message: dict[str, Any]) -> DialbackResult:
         Fields(message, cls.TYPE, {"reachable"})
         reachable = message["reachable"]
-        if not isinstance(reachable, list) or not all(isinstance(m, str) for m in reachable):
-            raise ProtocolError("dialback_result.reachable must be a list of strings")
+        if (not isinstance(reachable, list) or len(reachable) > MAX_DIALBACK_ADDRS
+                or not all(isinstance(m, str) and len(m) <= MAX_MADDR_CHARS for m in reachable)):
+            raise ProtocolError(f"dialback_result.reachable must be at most {MAX_DIALBACK_ADDRS} multiaddr strings")
         return cls(tuple(reachable))
+
+
+def _plain(maddrs: list[str]) -> list[str]:
+    """Those of our addresses a helper can be asked about (another would get the request refused)."""
+    plain = []
+    for maddr in maddrs:
+        try:
+            plain.append(check_plain_maddr(maddr))
+        except ProtocolError:
+            continue
+    return plain[:MAX_DIALBACK_ADDRS]
 
 
 def _ip_and_tcp_port(maddr: str) -> tuple[str, int] | None:
@@ -110,17 +127,29 @@ async def serve_dialback(p2p: P2P) -> None:
 
 
 async def reachable_maddrs(p2p: P2P, helpers: list[str], maddrs: list[str]) -> tuple[list[str], str | None]:
-    """(the maddrs a helper could dial, the helper's peer id); ([], None) if no helper answered."""
+    """(the maddrs a helper could dial, the helper's peer id); ([], None) if no helper answered.
+
+    Only plain maddrs are asked about, and of the helper's answer only those asked about are kept.
+    """
+    request = DialbackRequest(tuple(_plain(maddrs)))
     for helper in helpers:
         try:
             stream = await PeerStream.open(p2p, helper, DIALBACK_PROTOCOL, DIAL_TIMEOUT_S, "reachability check")
             try:
-                request = DialbackRequest(tuple(maddrs[:MAX_DIALBACK_ADDRS]))
                 reply = await stream.request(request, DialbackResult, extra_wait_s=3 * DIAL_TIMEOUT_S)
             finally:
                 await stream.close()
         except RemoteError as exc:
             logger.debug("Reachability check through %s failed: %s", helper, exc)
             continue
-        return list(reply.reachable), helper
+        return _asked_about(request, reply, helper), helper
     return [], None
+
+
+def _asked_about(request: DialbackRequest, reply: DialbackResult, helper: str) -> list[str]:
+    """The reachable addresses of the request, in its order: a helper cannot make us announce others."""
+    others = set(reply.reachable) - set(request.maddrs)
+    if others:
+        logger.warning("Reachability helper %s named addresses it was not asked about: %s", helper,
+                       sorted(map(repr, others))[:MAX_DIALBACK_ADDRS])
+    return [maddr for maddr in request.maddrs if maddr in reply.reachable]

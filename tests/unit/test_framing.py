@@ -2,8 +2,15 @@ import asyncio
 
 import msgpack
 import pytest
+import torch
 
-from bloompeer.p2p import ErrorCode, ProtocolError, pack, read_frame, unpack, write_frame
+from bloompeer.p2p import (
+    MAX_PUSH_RTTS, ErrorCode, ProtocolError, PushStep, PushTarget, RequestLimits, ServerRecord,
+    ServerState, Step, decode_message, pack, read_frame, unpack, write_frame,
+)
+from bloompeer.p2p.framing import MAX_FRAME_ITEMS
+from bloompeer.p2p.messages import MAX_PUSH_HOPS
+from bloompeer.p2p.records import MAX_RELAY_MADDRS
 
 
 def test_pack_unpack_round_trip():
@@ -59,3 +66,38 @@ async def test_truncated_frame_is_end_of_stream():
     payload = pack({"type": "close"})
     with pytest.raises(asyncio.IncompleteReadError):
         await read_frame(await _reader_with(len(payload).to_bytes(8, "big") + payload[:-1]))
+
+
+def _items_bomb(count: int, empty: bytes) -> bytes:
+    """{"a": [<empty>, <empty>, ...]}: one byte per item, so a few MiB make millions of objects."""
+    return b"\x81\xa1a\xdd" + count.to_bytes(4, "big") + empty * count
+
+
+@pytest.mark.parametrize("payload", [
+    _items_bomb(1 << 20, b"\x90"),  # a million empty arrays
+    _items_bomb(1 << 20, b"\x80"),  # a million empty maps
+    _items_bomb(MAX_FRAME_ITEMS, b"\x01"),  # one array of ints, one item too many with the map around it
+    b"\x81\xa1a\xdc\x01\x00" + (b"\xdc\x01\x00" + b"\x90" * 256) * 256,  # 256 x 256 arrays: none long, many in all
+    msgpack.packb({f"k{i}": i for i in range(MAX_FRAME_ITEMS)}),  # a map of too many pairs
+    b"\x81\xa1a\xdd\xff\xff\xff\xff",  # an array announcing 4 G items, and none there
+])
+def test_unpack_bounds_the_items_a_frame_makes(payload):
+    with pytest.raises(ProtocolError) as info:
+        unpack(payload)
+    assert info.value.code is ErrorCode.BAD_REQUEST
+
+
+def test_the_largest_real_frames_fit_the_item_bound():
+    """Every hop of the longest push chain, with every optional tensor: well under MAX_FRAME_ITEMS."""
+    hops = tuple(PushTarget(f"peer{i}", f"session{i}") for i in range(MAX_PUSH_HOPS))
+    step = Step(0, torch.zeros(2, 3, 8), torch.ones(2, 3, dtype=torch.bool), torch.tensor([1, 0]), 7, hops,
+                torch.zeros(2, 2, 3, 8))
+    assert decode_message(unpack(pack(step.to_wire())), Step).push == hops
+    assert decode_message(unpack(pack(PushStep("s", step).to_wire())), PushStep).step.push == hops
+    limits = RequestLimits(max_batch=64, max_length=8192, max_step_tokens=65536)
+    peer = "12D3KooW" + "a" * 44
+    record = ServerRecord(peer, ServerState.ONLINE, 0, 4, 1.0, 1, "float32", "0.1.0", "ab", True, limits,
+                          push_rtts_s=tuple((f"{peer}{i:02d}", 0.5) for i in range(MAX_PUSH_RTTS)),
+                          relay_maddrs=(f"/ip4/10.0.0.1/tcp/4000/p2p/{peer}",) * MAX_RELAY_MADDRS,
+                          via_relays=(f"/ip6/::1/udp/4001/quic-v1/p2p/{peer}/p2p-circuit",) * MAX_RELAY_MADDRS)
+    assert ServerRecord.from_wire(unpack(pack(record.to_wire()))) == record

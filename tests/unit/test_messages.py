@@ -2,10 +2,11 @@ import pytest
 import torch
 
 from bloompeer.p2p import (
-    CloseSession, ErrorCode, ErrorFrame, ForwardRequest, OpenSession, ProtocolError, PushStep, PushTarget, ServerInfo,
-    SessionReady, Step,
-    StepOutput, decode_message, pack, tensor_to_wire, unpack,
+    WIRE_DTYPES, BackwardRequest, CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Gradients, OpenSession,
+    ProtocolError, PushStep, PushTarget, ServerInfo, SessionReady, Step, StepOutput, decode_message, pack,
+    tensor_to_wire, unpack,
 )
+from bloompeer.p2p import codecs
 from bloompeer.p2p.reachability import DialbackRequest, DialbackResult
 
 MESSAGES = [
@@ -86,3 +87,55 @@ def test_unknown_error_code_from_a_newer_peer_reads_as_internal():
 def test_malformed_dialback_frames_are_refused(frame):
     with pytest.raises(ProtocolError):
         decode_message(frame, DialbackRequest, DialbackResult)
+
+
+_HIDDEN, _MASK, _PROMPTS = torch.randn(1, 2, 8), torch.ones(1, 2, dtype=torch.bool), torch.randn(2, 1, 2, 8)
+_TENSOR_FIELDS = [  # (a valid frame, a tensor field of it, that field's ndim)
+    (Step(0, _HIDDEN, _MASK, torch.tensor([0]), prompts=_PROMPTS), "hidden", 3),
+    (Step(0, _HIDDEN, _MASK, torch.tensor([0]), prompts=_PROMPTS), "padding_mask", 2),
+    (Step(0, _HIDDEN, _MASK, torch.tensor([0]), prompts=_PROMPTS), "hypo_ids", 1),
+    (Step(0, _HIDDEN, _MASK, torch.tensor([0]), prompts=_PROMPTS), "prompts", 4),
+    (PushStep("s", Step(0, _HIDDEN)), "hidden", 3),
+    (StepOutput(_HIDDEN), "hidden", 3),
+    (ForwardRequest("m", 0, 2, _HIDDEN, _MASK, _PROMPTS), "hidden", 3),
+    (ForwardRequest("m", 0, 2, _HIDDEN, _MASK, _PROMPTS), "padding_mask", 2),
+    (ForwardRequest("m", 0, 2, _HIDDEN, _MASK, _PROMPTS), "prompts", 4),
+    (BackwardRequest("m", 0, 2, _HIDDEN, _HIDDEN, _MASK, _PROMPTS), "hidden", 3),
+    (BackwardRequest("m", 0, 2, _HIDDEN, _HIDDEN, _MASK, _PROMPTS), "grad_output", 3),
+    (BackwardRequest("m", 0, 2, _HIDDEN, _HIDDEN, _MASK, _PROMPTS), "prompts", 4),
+    (Gradients(_HIDDEN, _PROMPTS), "grad_hidden", 3),
+    (Gradients(_HIDDEN, _PROMPTS), "grad_prompts", 4),
+]
+
+
+@pytest.mark.parametrize("message, field, ndim", _TENSOR_FIELDS, ids=lambda x: getattr(x, "TYPE", str(x)))
+@pytest.mark.parametrize("extra_dims", [-1, 1])
+def test_a_tensor_of_the_wrong_ndim_is_refused_before_it_is_decoded(monkeypatch, message, field, ndim, extra_dims):
+    """A peer's 4-D hidden states were decoded (int8-blockwise: 4 bytes per byte received, plus
+    intermediates) before the server saw they were not 3-D."""
+    wire = message.to_wire()
+    assert decode_message(wire, type(message)) is not None and len(wire[field]["shape"]) == ndim
+    sizes = {-1: [2] * (ndim - 1), 1: [2] * (ndim + 1)}[extra_dims]
+    wire[field] = tensor_to_wire(torch.zeros(sizes, dtype=WIRE_DTYPES[wire[field]["dtype"]]))
+    decode = codecs.decode
+
+    def decode_the_others(data, *args):
+        assert data is not wire[field]["data"], "decoded before its ndim was checked"
+        return decode(data, *args)
+
+    monkeypatch.setattr(codecs, "decode", decode_the_others)
+    with pytest.raises(ProtocolError, match=f"{field}: shape must be {ndim} dims"):
+        decode_message(wire, type(message))
+
+
+@pytest.mark.parametrize("maddr", ["/ip4/1.2.3.4/tcp/65536", "/ip4/1.2.3.4/tcp/0", "/ip4/1.2.3.4/tcp/²", "1.2.3.4:80",
+                                   "/ip4/1.2.3.4/tcp/80/p2p-circuit"])
+def test_a_dialback_request_names_plain_addresses_only(maddr):
+    with pytest.raises(ProtocolError) as info:
+        decode_message({"type": "dialback", "maddrs": ["/ip4/1.2.3.4/tcp/1", maddr]}, DialbackRequest)
+    assert info.value.code is ErrorCode.BAD_REQUEST
+
+
+def test_a_dialback_result_is_bounded():
+    with pytest.raises(ProtocolError):
+        decode_message({"type": "dialback_result", "reachable": ["/ip4/1.2.3.4/tcp/1"] * 9}, DialbackResult)

@@ -70,6 +70,9 @@ async def test_a_hang_up_mid_frame_is_a_lost_stream():
 @pytest.mark.parametrize("frame", [
     {"type": "output", "hidden": "not a tensor", "step_id": 1},  # ill-typed field
     {"type": "session_ready", "session_id": "x"},  # a message we did not ask for
+    {"type": "output", "hidden": {"dtype": "float32", "shape": [1 << 63, 0], "codec": "raw", "data": b""}},
+    {"type": "output", "hidden": {"dtype": "float32", "shape": [1 << 62, 1 << 62, 0], "codec": "raw", "data": b""}},
+    {"type": "output", "hidden": [[]] * 5000},  # over the items a frame may make
 ])
 async def test_a_reply_we_cannot_accept_is_misbehaviour(frame):
     async def garbage(reader, writer):
