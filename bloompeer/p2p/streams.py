@@ -103,7 +103,24 @@ class PeerStream:
 
 async def request_once(p2p: P2P, peer: str, protocol: str, request: Message | None, expected: type[Message],
                        timeout_s: float, about: str = "") -> Message:
-    """One request and its answer on a stream of their own (None: the peer speaks first)."""
+    """One request and its answer on a stream of their own (None: the peer speaks first).
+
+    A stream can be reset before the peer's handler ever sees it (about 1 stream in 200 between
+    loaded processes on one machine: the peer's daemon resets it and its handler never runs). Where
+    the peer speaks first, asking had no effect on it, so a stream lost that way is opened once more
+    before the peer counts as unavailable (a ping or a liveness check would otherwise call a live
+    server dead); one that timed out is not, as a second try would only double the wait.
+    """
+    try:
+        return await _request_on_new_stream(p2p, peer, protocol, request, expected, timeout_s, about)
+    except PeerUnavailableError as exc:
+        if request is not None or exc.code is ErrorCode.TIMEOUT:
+            raise
+    return await _request_on_new_stream(p2p, peer, protocol, request, expected, timeout_s, about)
+
+
+async def _request_on_new_stream(p2p: P2P, peer: str, protocol: str, request: Message | None,
+                                 expected: type[Message], timeout_s: float, about: str) -> Message:
     stream = await PeerStream.open(p2p, peer, protocol, timeout_s, about)
     try:
         if request is not None:

@@ -3,15 +3,18 @@ asyncio streams over loopback TCP (libp2p streams are asyncio streams too), agai
 answers, answers an error, answers garbage, goes silent, or hangs up."""
 
 import asyncio
+import itertools
 
 import pytest
 import torch
 
 from bloompeer.p2p import (
     ErrorCode, ErrorFrame, PeerBusyError, PeerMisbehavedError, PeerStream, PeerUnavailableError, StepOutput,
-    write_frame,
+    request_once, write_frame,
 )
 from bloompeer.p2p.framing import HEADER_BYTES
+
+PEER = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
 
 
 async def _peer(behaviour):
@@ -96,3 +99,54 @@ async def test_sending_to_a_closed_stream_is_a_lost_stream():
     finally:
         await stream.close()  # never raises, the stream being gone
         server.close()
+
+
+class _LoopbackP2P:
+    """What request_once needs of hivemind's P2P: each stream it opens is a new loopback connection."""
+
+    def __init__(self, port: int):
+        self.port, self.opened = port, 0
+
+    async def call_binary_stream_handler(self, peer_id, protocol):
+        self.opened += 1
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        return None, reader, writer
+
+
+async def _request_once(behaviour, request):
+    """request_once against a peer that runs behaviour(stream number, reader, writer) for each stream."""
+    streams = itertools.count()
+    server = await asyncio.start_server(lambda reader, writer: behaviour(next(streams), reader, writer),
+                                        "127.0.0.1", 0)
+    p2p = _LoopbackP2P(server.sockets[0].getsockname()[1])
+    try:
+        return await request_once(p2p, PEER, "/test", request, StepOutput, 0.5, "ping"), p2p.opened
+    except PeerUnavailableError as exc:
+        return exc, p2p.opened
+    finally:
+        server.close()
+
+
+async def _lose_the_first_stream(number, reader, writer):
+    if number:
+        await write_frame(writer, StepOutput(torch.ones(1, 1, 2), step_id=3).to_wire())
+    writer.close()
+
+
+async def test_a_stream_lost_before_a_peer_that_speaks_first_spoke_is_opened_once_more():
+    reply, opened = await _request_once(_lose_the_first_stream, None)
+    assert reply.step_id == 3 and opened == 2
+
+
+async def test_a_request_on_a_lost_stream_is_not_sent_again():
+    """The peer may have acted on it: whether to ask again is the caller's decision."""
+    error, opened = await _request_once(_lose_the_first_stream, StepOutput(torch.ones(1, 1, 2)))
+    assert isinstance(error, PeerUnavailableError) and "stream lost" in str(error) and opened == 1
+
+
+async def test_a_silent_peer_is_not_asked_twice():
+    async def silent(number, reader, writer):
+        await asyncio.sleep(5)
+
+    error, opened = await _request_once(silent, None)
+    assert error.code is ErrorCode.TIMEOUT and opened == 1
