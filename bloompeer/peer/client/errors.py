@@ -3,14 +3,15 @@
     BloompeerError
     ├── RequestError
     │   └── RequestTooLargeError over the limits of every server of some block: it can never succeed as asked
-    └── MissingBlocksError       no usable server covers some blocks, even after waiting
+    ├── MissingBlocksError       no usable server covers some blocks, even after waiting
+    └── ClientShutDownError      the client is shutting down: the call was refused, or ended by it
 """
 
 from __future__ import annotations
 
 from ...p2p import BloompeerError, RequestError
 
-__all__ = ["MissingBlocksError", "RequestTooLargeError", "block_ranges"]
+__all__ = ["ClientShutDownError", "MissingBlocksError", "RequestTooLargeError", "block_ranges"]
 
 
 class MissingBlocksError(BloompeerError):
@@ -28,6 +29,11 @@ class MissingBlocksError(BloompeerError):
             f"Start one with: bloompeer serve --model {model_uid} --blocks {missing[0]}:{missing[-1] + 1} "
             f"--initial-peers ..."
         )
+
+
+class ClientShutDownError(BloompeerError, RuntimeError):
+    """The client is shutting down (or shut down): it refuses new work, and work it was running
+    when shutdown began ends with this error rather than never."""
 
 
 class RequestTooLargeError(RequestError):
