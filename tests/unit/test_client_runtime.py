@@ -4,6 +4,8 @@ use it: every caller gets an answer, none waits forever on a loop that no longer
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 from collections.abc import Callable
 
@@ -117,3 +119,32 @@ def test_the_shutdown_runs_the_owners_teardown_after_the_calls_in_flight_have_en
     runtime.shutdown(last=teardown())
     assert order == ["call ended", "teardown"]
     assert isinstance(running.wait("the call in flight").error, ClientShutDownError)
+
+
+def test_a_wait_interrupted_by_ctrl_c_cancels_the_call_on_the_loop():
+    """KeyboardInterrupt in the waiting thread (here a real SIGINT to the main thread) must not leave
+    the call running on the loop, streaming through the swarm for nobody."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    runtime = ClientRuntime()
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def in_flight() -> None:
+        started.set()
+        try:
+            await _forever()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def interrupt_when_started() -> None:
+        assert started.wait(WAIT_S)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    try:
+        Outcome(interrupt_when_started)
+        with pytest.raises(KeyboardInterrupt):
+            runtime.run(in_flight())
+        assert cancelled.wait(WAIT_S), "the call went on running on the loop"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        runtime.shutdown()

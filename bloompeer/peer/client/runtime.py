@@ -46,8 +46,17 @@ class ClientRuntime:
         self._thread.start()
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine in the client loop and wait for its result in the calling thread."""
-        return self.submit(coroutine).result()
+        """Run a coroutine in the client loop and wait for its result in the calling thread.
+
+        If the wait itself is interrupted (KeyboardInterrupt, or any BaseException in this thread),
+        the coroutine is cancelled too, rather than left running on the loop for nobody.
+        """
+        future = self.submit(coroutine)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # a no-op if it is done; else its task is cancelled on the loop
+            raise
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Start a coroutine in the client loop; its result comes when the caller asks for it.
