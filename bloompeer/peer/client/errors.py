@@ -4,14 +4,16 @@
     ├── RequestError
     │   └── RequestTooLargeError over the limits of every server of some block: it can never succeed as asked
     ├── MissingBlocksError       no usable server covers some blocks, even after waiting
-    └── ClientShutDownError      the client is shutting down: the call was refused, or ended by it
+    ├── ClientShutDownError      the client is shutting down: the call was refused, or ended by it
+    └── SessionClosedError       the inference session was closed before, or while, this call ran
 """
 
 from __future__ import annotations
 
 from ...p2p import BloompeerError, RequestError
 
-__all__ = ["ClientShutDownError", "MissingBlocksError", "RequestTooLargeError", "block_ranges"]
+__all__ = ["ClientShutDownError", "MissingBlocksError", "RequestTooLargeError", "SessionClosedError",
+           "block_ranges"]
 
 
 class MissingBlocksError(BloompeerError):
@@ -34,6 +36,11 @@ class MissingBlocksError(BloompeerError):
 class ClientShutDownError(BloompeerError, RuntimeError):
     """The client is shutting down (or shut down): it refuses new work, and work it was running
     when shutdown began ends with this error rather than never."""
+
+
+class SessionClosedError(BloompeerError, RuntimeError):
+    """The inference session is closed: it takes no more steps, and a step that was running when it
+    closed ends with this error rather than opening sessions on new servers to go on."""
 
 
 class RequestTooLargeError(RequestError):
