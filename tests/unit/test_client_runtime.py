@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from bloompeer.peer.client.errors import ClientShutDownError
-from bloompeer.peer.client.runtime import ClientRuntime
+from bloompeer.peer.client.errors import CallCancelledError, ClientShutDownError
+from bloompeer.peer.client.runtime import Cancellation, ClientRuntime
 
 WAIT_S = 30.0  # far longer than anything here takes: only reached when something hangs
 
@@ -148,3 +148,37 @@ def test_a_wait_interrupted_by_ctrl_c_cancels_the_call_on_the_loop():
     finally:
         signal.signal(signal.SIGINT, previous)
         runtime.shutdown()
+
+
+def test_a_cancelled_caller_has_its_call_in_flight_and_later_ones_cancelled_but_not_its_cleanup():
+    runtime = ClientRuntime()
+    cancellation = Cancellation()
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def in_flight() -> None:
+        started.set()
+        try:
+            await _forever()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def cleanup() -> str:
+        return "closed"
+
+    def caller() -> list:
+        outcomes = []
+        with runtime.cancellable(cancellation):
+            for call, cancellable in [(in_flight, True), (in_flight, True), (cleanup, False)]:
+                try:
+                    outcomes.append(runtime.run(call(), cancellable=cancellable))
+                except CallCancelledError as exc:
+                    outcomes.append(type(exc))
+        return outcomes
+
+    calls = Outcome(caller)
+    assert started.wait(WAIT_S)
+    cancellation.cancel()
+    assert calls.wait("the cancelled caller").value == [CallCancelledError, CallCancelledError, "closed"]
+    assert cancelled.is_set()
+    runtime.shutdown()

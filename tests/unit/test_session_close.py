@@ -109,3 +109,18 @@ async def test_a_step_that_fails_because_its_session_closed_opens_no_new_servers
         await step
     assert _peers(servers.opened) == {"head", "tail"}  # not spare-tail
     assert session.swarm.bans.banned() == set()  # and tail is not blamed for the close
+
+
+async def test_a_step_cancelled_while_its_route_opens_closes_the_sessions_that_opened(monkeypatch, servers):
+    """A caller that leaves (its HTTP client did) cancels the step; the span whose session had opened
+    by then must be closed too, not left holding cache on its server until the session times out."""
+    opening = Gate("tail")
+    _gated(monkeypatch, servers, opening=opening)
+    session = _session()
+    step = asyncio.ensure_future(session.step(torch.ones(1, 1, 1)))
+    await opening.reached.wait()  # head's session is open; tail's is opening
+    step.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await step
+    assert _peers(servers.opened) == {"head"}
+    assert _peers(servers.closed) == {"head"}

@@ -8,6 +8,7 @@ Which way a choice gets its tokens:
   processors generate() would use (sampling.py).
 With `echo`, a choice starts with its prompt's text; with `echo` and `logprobs`, the scoring pass
 (one per request, whatever n is) also gives the prompt tokens' logprobs.
+cancel() (the HTTP client left) stops all of it, the scoring pass's forward through the swarm too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
+from ..client.errors import CallCancelledError
+from ..client.runtime import Cancellation
 from .generation import Generation, GenerationRequest, retrieve_exception, eos_ids
 from .logprobs import top_alternatives
 from .pieces import PieceMaker, TextPiece, echo_piece
@@ -90,6 +93,7 @@ class RequestChoices:
         self.scoring_pass_needed = self.prompt_scores_needed or max_new_tokens == 1
         self.num_logprobs = num_logprobs
         self._scores: asyncio.Future | None = None
+        self._scoring = Cancellation()  # of the scoring pass, shared by the choices
         self._echoes: dict[int, asyncio.Future] = {}  # prompt index -> its echoed piece
         self.choices: list[Choice] = []
         for prompt_index, prompt in enumerate(self.prompts):
@@ -110,7 +114,7 @@ class RequestChoices:
         return Generation(state.model, state.tokenizer, request, state.pool)
 
     async def _prompt_scores(self) -> list[PromptScores]:
-        return await self._scores
+        return await asyncio.shield(self._scores)  # shared: one reader that stops does not cancel it for all
 
     def _echo(self, prompt_index: int) -> Callable[[], Awaitable[TextPiece]]:
         """The echoed prompt, made once for the n choices of a prompt, off the event loop (naming a long
@@ -127,7 +131,7 @@ class RequestChoices:
         prompt, tokenizer = self.prompts[prompt_index], self.state.tokenizer
         if not self.prompt_scores_needed:
             return echo_piece(tokenizer, prompt)
-        scores: PromptScores = (await self._scores)[prompt_index]
+        scores: PromptScores = (await self._prompt_scores())[prompt_index]
         return await asyncio.to_thread(echo_piece, tokenizer, prompt, scores.token_logprobs, scores.top)
 
     def start(self) -> None:
@@ -136,15 +140,23 @@ class RequestChoices:
         if self.scoring_pass_needed:
             pad_token_id = state.tokenizer.pad_token_id
             pad_token_id = pad_token_id if pad_token_id is not None else state.tokenizer.eos_token_id or 0
-            on_pass = state.metrics.scoring_passes.labels(state.model_id).inc
-            self._scores = asyncio.get_running_loop().run_in_executor(
-                state.pool, score_prompts, state.model, self.prompts, self.num_logprobs or 0, pad_token_id,
-                self.prompt_scores_needed, on_pass)
+            self._scores = asyncio.get_running_loop().run_in_executor(state.pool, self._score, pad_token_id)
             self._scores.add_done_callback(retrieve_exception)  # a request whose client left never awaits it
         for choice in self.choices:
             choice.source.start()
 
+    def _score(self, pad_token_id: int) -> list[PromptScores]:
+        """The scoring pass, on a generation thread; cancel() cancels its forward through the swarm."""
+        if self._scoring.is_set():  # the client left while the request waited for a thread
+            raise CallCancelledError("the request was cancelled before its scoring pass started")
+        state = self.state
+        with state.model.client.runtime.cancellable(self._scoring):
+            return score_prompts(state.model, self.prompts, self.num_logprobs or 0, pad_token_id,
+                                 self.prompt_scores_needed, state.metrics.scoring_passes.labels(state.model_id).inc)
+
     def cancel(self) -> None:
+        """Stop every choice and the scoring pass, wherever they are (safe at any time, and again)."""
+        self._scoring.cancel()
         for choice in self.choices:
             choice.source.cancel()
 

@@ -5,6 +5,7 @@
     │   └── RequestTooLargeError over the limits of every server of some block: it can never succeed as asked
     ├── MissingBlocksError       no usable server covers some blocks, even after waiting
     ├── ClientShutDownError      the client is shutting down: the call was refused, or ended by it
+    ├── CallCancelledError       the caller cancelled the call from another thread (its HTTP client left)
     └── SessionClosedError       the inference session was closed before, or while, this call ran
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from ...p2p import BloompeerError, RequestError
 
-__all__ = ["ClientShutDownError", "MissingBlocksError", "RequestTooLargeError", "SessionClosedError",
+__all__ = ["CallCancelledError", "ClientShutDownError", "MissingBlocksError", "RequestTooLargeError", "SessionClosedError",
            "block_ranges"]
 
 
@@ -36,6 +37,11 @@ class MissingBlocksError(BloompeerError):
 class ClientShutDownError(BloompeerError, RuntimeError):
     """The client is shutting down (or shut down): it refuses new work, and work it was running
     when shutdown began ends with this error rather than never."""
+
+
+class CallCancelledError(BloompeerError):
+    """The call was cancelled from outside the thread that made it (runtime.Cancellation): whoever
+    waited for its result no longer does, so its work through the swarm was stopped."""
 
 
 class SessionClosedError(BloompeerError, RuntimeError):

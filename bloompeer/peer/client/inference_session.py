@@ -223,16 +223,19 @@ class InferenceSession:
                                 min_cache_tokens=self.batch * self.max_length, failed=failed, push=self.push)
 
     async def _open(self, route: list[SpanRoute], spans: list[_Span]) -> None:
-        """Open a session on every piece of the route, in parallel; `spans` gets those that opened."""
-        opened = await asyncio.gather(
-            *(SpanInferenceSession.open(self.p2p, piece, self.swarm.model_uid, self.batch, self.max_length,
-                                        self.config.request_timeout_s, self.config.alloc_timeout_s)
-              for piece in route), return_exceptions=True)
-        spans += [_Span(piece, session) for piece, session in zip(route, opened)
-                  if isinstance(session, SpanInferenceSession)]
-        for failure in opened:
-            if isinstance(failure, BaseException):
-                raise failure
+        """Open a session on every piece of the route, in parallel; `spans` gets those that opened, also
+        when this is cancelled halfway (a caller that left): the caller closes them."""
+        opening = [asyncio.ensure_future(SpanInferenceSession.open(
+            self.p2p, piece, self.swarm.model_uid, self.batch, self.max_length, self.config.request_timeout_s,
+            self.config.alloc_timeout_s)) for piece in route]
+        try:
+            await asyncio.gather(*opening, return_exceptions=True)
+        finally:  # cancelled, gather cancels those still opening (each closes its own stream)
+            spans += [_Span(piece, task.result()) for piece, task in zip(route, opening)
+                      if task.done() and not task.cancelled() and task.exception() is None]
+        for task in opening:
+            if task.exception() is not None:
+                raise task.exception()
 
     async def _replay(self, spans: list[_Span], inputs: list[_SpanInput]) -> None:
         logger.info("Replaying %d step(s) (%d tokens) to %s", len(inputs), self.position,
