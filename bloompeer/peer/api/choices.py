@@ -6,6 +6,10 @@ Which way a choice gets its tokens:
 - max_tokens 0 or 1: no session. The request's prompts go through one scoring pass
   (scoring.py), and a choice's one token is picked from that pass's last logits by the same
   processors generate() would use (sampling.py).
+All of it computes off the HTTP event loop: the scoring pass and generate() on the generation
+threads, a choice's pick, its logprobs and the decoding of its text and echo on worker threads
+(each runs processors, a softmax or a top-k over the whole vocabulary, or decodes a long prompt),
+so that the loop keeps answering other requests (/health among them) meanwhile.
 With `echo`, a choice starts with its prompt's text; with `echo` and `logprobs`, the scoring pass
 (one per request, whatever n is) also gives the prompt tokens' logprobs.
 cancel() (the HTTP client left) stops all of it, the scoring pass's forward through the swarm too.
@@ -47,11 +51,18 @@ class _ScoredChoice:
         self.cancelled.set()
 
     async def __aiter__(self) -> AsyncIterator[TextPiece]:
+        scores = (await self.scores())[self.prompt_index] if self.request.max_new_tokens >= 1 else None
+        for piece in await asyncio.to_thread(self._pieces, scores):
+            yield piece
+
+    def _pieces(self, scores: PromptScores | None) -> list[TextPiece]:
+        """The choice's pieces: its token (if any) picked from the pass's last logits, with its logprobs,
+        and decoded. On a worker thread: each step works over the whole vocabulary."""
         request = self.request
         pieces = PieceMaker(self.tokenizer, request.stops, request.max_new_tokens, eos_ids(self.model),
                             request.num_logprobs is not None)
-        if request.max_new_tokens >= 1:
-            scores = (await self.scores())[self.prompt_index]
+        made = []
+        if scores is not None:
             prompt = list(request.prompt_ids)
             token = pick_token(request.sampling.processors(len(prompt)), prompt, scores.next_logits)
             self.on_token(time.perf_counter())
@@ -59,10 +70,8 @@ class _ScoredChoice:
             if request.num_logprobs is not None:
                 logprobs = scores.next_logprobs()
                 token_scores = [(float(logprobs[token]), *top_alternatives(logprobs, request.num_logprobs))]
-            piece = pieces.add([token], token_scores)
-            if piece is not None:
-                yield piece
-        yield pieces.finish()
+            made.append(pieces.add([token], token_scores))
+        return [piece for piece in made if piece is not None] + [pieces.finish()]
 
 
 class Choice:
@@ -130,7 +139,7 @@ class RequestChoices:
     async def _echo_piece(self, prompt_index: int) -> TextPiece:
         prompt, tokenizer = self.prompts[prompt_index], self.state.tokenizer
         if not self.prompt_scores_needed:
-            return echo_piece(tokenizer, prompt)
+            return await asyncio.to_thread(echo_piece, tokenizer, prompt)
         scores: PromptScores = (await self._prompt_scores())[prompt_index]
         return await asyncio.to_thread(echo_piece, tokenizer, prompt, scores.token_logprobs, scores.top)
 
