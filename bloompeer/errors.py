@@ -25,6 +25,9 @@ rules). Everything else is an end state the user reads.
     │                                     `.code` is the error frame we answer with; the client's stream
     │                                     layer turns one in a server's reply into a PeerMisbehavedError
     ├── MissingBlocksError        client/ no usable server for some blocks, even after waiting: start one
+    ├── ClientShutDownError       client/ the client is shutting down: new calls are refused, running ones end
+    ├── CallCancelledError        client/ the caller cancelled the call from another thread (its client left)
+    ├── SessionClosedError        client/ the inference session was closed before, or while, the call ran
     ├── NetworkError              p2p/    this peer could not join the network
     └── ProcessFailed             peer/   a local swarm's peer process exited or stayed silent at start
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bloompeer.peer.cli.local_swarm import PeerProcess
 
@@ -51,8 +52,9 @@ class ApiProcess:
         return _http(urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(), method="POST",
                                             headers={"Content-Type": "application/json"}))
 
-    def stop(self) -> int:
-        return self.process.stop()
+    def stop(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM; SIGKILL if it is still running after timeout_s. Its exit code."""
+        return self.process.stop(timeout_s)
 
 
 def _http(request: urllib.request.Request) -> tuple[int, str, str]:
@@ -65,6 +67,21 @@ def _http(request: urllib.request.Request) -> tuple[int, str, str]:
 
 def start_api(model: Path, log_dir: Path, *args: str, **kwargs) -> ApiProcess:
     return ApiProcess(model, log_dir, *args, **kwargs)
+
+
+def start_waiting_api(swarm, model: Path, log_dir: Path, *args: str, **kwargs) -> ApiProcess:
+    """An API over the shared swarm that trusts only its first server (blocks 0:2), so that every request
+    through the swarm waits, up to ten minutes, for servers of blocks 2:4: work that is in flight for
+    as long as a test needs it to be."""
+    return start_api(model, log_dir, "--initial-peers", *swarm.initial_peers, "--trusted-servers",
+                     swarm.servers[0].peer_id_str, "--timeout", "600", *args, **kwargs)
+
+
+def gauge(api: ApiProcess, name: str) -> float:
+    """The value of one of the API's gauges (summed over its labels), from /metrics."""
+    _, _, text = api.get("/metrics")
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,7 @@
 """A client that leaves mid-stream stops its generation: the servers' caches are free again at once
-(as each server reports its cache room), long before the generation could have finished."""
+(as each server reports its cache room), long before the generation could have finished. And a client
+that gives up on a request still waiting for the swarm (here for servers of blocks the API may not
+use) has that work cancelled: the API's thread is free again at once, not when the wait ends."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.wire import server_info
+
+from .conftest import gauge, start_waiting_api
 
 MAX_TOKENS = 4000  # minutes of generation: it can only end this soon if the disconnect stopped it
 
@@ -82,3 +86,30 @@ async def test_a_plain_request_whose_client_gives_up_stops_too(api, swarm, node,
                                             temperature=0)
     await _until(lambda: _freed(node, servers, idle), "the servers' caches are free again")
     await _counted_once_more(api, before)
+
+
+@pytest.mark.parametrize("work", ["generation", "scoring"])
+async def test_a_client_that_gives_up_on_a_request_waiting_for_the_swarm_stops_its_work(swarm, tiny_checkpoint,
+                                                                                         tmp_path, work):
+    """The request waits for servers of blocks 2:4 (up to ten minutes): a generation's first step, or a
+    scoring pass's forward (echo with logprobs, max_tokens 0: no session). Both must stop when the
+    client leaves; before, only a flag was set, read once the step or forward returned."""
+    api = await asyncio.to_thread(start_waiting_api, swarm, tiny_checkpoint, tmp_path)
+    try:
+        request = {"generation": dict(prompt="Waiting", max_tokens=8),
+                   "scoring": dict(prompt="Waiting", max_tokens=0, echo=True, logprobs=1)}[work]
+        async with api.async_client() as client:
+            waiting = asyncio.ensure_future(client.completions.create(model=tiny_checkpoint.name, temperature=0,
+                                                                      **request))
+            await _until(lambda: _busy_threads(api, 1), "the request's work is on a thread, waiting for the swarm")
+            waiting.cancel()  # the HTTP client goes away
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+        await _until(lambda: _busy_threads(api, 0), "the request's work stops")
+        assert await asyncio.to_thread(gauge, api, "bloompeer_api_generations_in_progress") == 0
+    finally:
+        await asyncio.to_thread(api.stop)
+
+
+async def _busy_threads(api, expected: int) -> bool:
+    return await asyncio.to_thread(gauge, api, "bloompeer_api_busy_threads") == expected

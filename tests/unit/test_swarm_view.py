@@ -1,9 +1,13 @@
 """The client's view of the swarm keeps what DHT reads found until it expires: a read that comes
-back partial (one block's lookup missing a server that another's found) must not drop the server."""
+back partial (one block's lookup missing a server that another's found) must not drop the server.
+And however many threads and tasks ask it to refresh at once, it reads the DHT once for all of them."""
 
+import asyncio
 import dataclasses
+import threading
 
 from bloompeer.p2p import FoundRecord, ServerState, get_dht_time
+from bloompeer.peer.client.runtime import ClientRuntime
 from bloompeer.peer.client.swarm import SwarmView
 
 from .client_fakes import NUM_BLOCKS, record
@@ -61,3 +65,58 @@ async def test_records_are_forgotten_once_expired():
     assert _servers(view) == {i: {"a", "b"} for i in range(NUM_BLOCKS)}
     await view.refresh()
     assert _servers(view) == {i: {"b"} for i in range(NUM_BLOCKS)}
+
+
+class CountedDirectory:
+    """The DHT, counting its reads; a read waits (up to 10 s) until `callers` refreshes have been asked
+    for, so that each of them has had the chance to start a read of its own."""
+
+    def __init__(self, callers: int):
+        self.reads, self.callers, self.asked = 0, callers, 0
+
+    async def find_records(self, model_uid: str, num_blocks: int) -> dict[int, list[FoundRecord]]:
+        self.reads += 1
+        for _ in range(1000):
+            if self.asked >= self.callers:
+                break
+            await asyncio.sleep(0.01)
+        return _read((record("a", 0, 4), get_dht_time() + 90))
+
+
+def _counted_view(callers: int) -> SwarmView:
+    view = SwarmView(None, CountedDirectory(callers), "tiny", NUM_BLOCKS, None, refresh_period_s=3600.0)
+    view._pinged_at = {"a": float("inf")}  # never pinged: no network here
+    return view
+
+
+async def _asked_to_refresh(view: SwarmView) -> None:
+    view.directory.asked += 1
+    await view.refresh()
+
+
+def test_threads_refreshing_at_once_share_one_dht_read():
+    """As an API server's request threads, each finding the view stale, do through the client's runtime."""
+    threads, runtime = 8, ClientRuntime()
+    view = _counted_view(threads)
+    try:
+        callers = [threading.Thread(target=runtime.run, args=(_asked_to_refresh(view),)) for _ in range(threads)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(30)
+    finally:
+        runtime.shutdown()
+    assert view.directory.reads == 1
+    assert _servers(view) == {i: {"a"} for i in range(NUM_BLOCKS)}
+
+
+async def test_a_caller_that_stops_waiting_does_not_cancel_the_shared_refresh():
+    view = _counted_view(2)
+    leaving = asyncio.ensure_future(_asked_to_refresh(view))
+    staying = asyncio.ensure_future(_asked_to_refresh(view))
+    await asyncio.sleep(0)  # both have asked
+    leaving.cancel()
+    await staying
+    assert view.directory.reads == 1 and _servers(view) == {i: {"a"} for i in range(NUM_BLOCKS)}
+    await view.refresh()  # once done, the next refresh reads again
+    assert view.directory.reads == 2

@@ -44,7 +44,7 @@ class ApiState:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self):
-        self.pool = ThreadPoolExecutor(self.max_concurrent_generations, thread_name_prefix="bloompeer-generate")
+        self.pool = _CountingPool(self.max_concurrent_generations, self.metrics.busy_threads)
 
     def check_model(self, name: str) -> None:
         if name != self.model_id and name not in self.aliases:
@@ -53,6 +53,22 @@ class ApiState:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _CountingPool(ThreadPoolExecutor):
+    """The generation threads, counting those at work in a gauge: what shows that the work of a request
+    whose client left was stopped (its thread is free again), not only that nobody reads it."""
+
+    def __init__(self, size: int, busy):
+        super().__init__(size, thread_name_prefix="bloompeer-generate")
+        self.busy = busy
+
+    def submit(self, fn, /, *args, **kwargs):
+        return super().submit(self._counted, fn, *args, **kwargs)
+
+    def _counted(self, fn, *args, **kwargs):
+        with self.busy.track_inprogress():
+            return fn(*args, **kwargs)
 
 
 class _CountRequests:

@@ -6,8 +6,13 @@ Which way a choice gets its tokens:
 - max_tokens 0 or 1: no session. The request's prompts go through one scoring pass
   (scoring.py), and a choice's one token is picked from that pass's last logits by the same
   processors generate() would use (sampling.py).
+All of it computes off the HTTP event loop: the scoring pass and generate() on the generation
+threads, a choice's pick, its logprobs and the decoding of its text and echo on worker threads
+(each runs processors, a softmax or a top-k over the whole vocabulary, or decodes a long prompt),
+so that the loop keeps answering other requests (/health among them) meanwhile.
 With `echo`, a choice starts with its prompt's text; with `echo` and `logprobs`, the scoring pass
 (one per request, whatever n is) also gives the prompt tokens' logprobs.
+cancel() (the HTTP client left) stops all of it, the scoring pass's forward through the swarm too.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
+from ..client.errors import CallCancelledError
+from ..client.runtime import Cancellation
 from .generation import Generation, GenerationRequest, retrieve_exception, eos_ids
 from .logprobs import top_alternatives
 from .pieces import PieceMaker, TextPiece, echo_piece
@@ -44,11 +51,18 @@ class _ScoredChoice:
         self.cancelled.set()
 
     async def __aiter__(self) -> AsyncIterator[TextPiece]:
+        scores = (await self.scores())[self.prompt_index] if self.request.max_new_tokens >= 1 else None
+        for piece in await asyncio.to_thread(self._pieces, scores):
+            yield piece
+
+    def _pieces(self, scores: PromptScores | None) -> list[TextPiece]:
+        """The choice's pieces: its token (if any) picked from the pass's last logits, with its logprobs,
+        and decoded. On a worker thread: each step works over the whole vocabulary."""
         request = self.request
         pieces = PieceMaker(self.tokenizer, request.stops, request.max_new_tokens, eos_ids(self.model),
                             request.num_logprobs is not None)
-        if request.max_new_tokens >= 1:
-            scores = (await self.scores())[self.prompt_index]
+        made = []
+        if scores is not None:
             prompt = list(request.prompt_ids)
             token = pick_token(request.sampling.processors(len(prompt)), prompt, scores.next_logits)
             self.on_token(time.perf_counter())
@@ -56,10 +70,8 @@ class _ScoredChoice:
             if request.num_logprobs is not None:
                 logprobs = scores.next_logprobs()
                 token_scores = [(float(logprobs[token]), *top_alternatives(logprobs, request.num_logprobs))]
-            piece = pieces.add([token], token_scores)
-            if piece is not None:
-                yield piece
-        yield pieces.finish()
+            made.append(pieces.add([token], token_scores))
+        return [piece for piece in made if piece is not None] + [pieces.finish()]
 
 
 class Choice:
@@ -90,6 +102,7 @@ class RequestChoices:
         self.scoring_pass_needed = self.prompt_scores_needed or max_new_tokens == 1
         self.num_logprobs = num_logprobs
         self._scores: asyncio.Future | None = None
+        self._scoring = Cancellation()  # of the scoring pass, shared by the choices
         self._echoes: dict[int, asyncio.Future] = {}  # prompt index -> its echoed piece
         self.choices: list[Choice] = []
         for prompt_index, prompt in enumerate(self.prompts):
@@ -110,7 +123,7 @@ class RequestChoices:
         return Generation(state.model, state.tokenizer, request, state.pool)
 
     async def _prompt_scores(self) -> list[PromptScores]:
-        return await self._scores
+        return await asyncio.shield(self._scores)  # shared: one reader that stops does not cancel it for all
 
     def _echo(self, prompt_index: int) -> Callable[[], Awaitable[TextPiece]]:
         """The echoed prompt, made once for the n choices of a prompt, off the event loop (naming a long
@@ -126,8 +139,8 @@ class RequestChoices:
     async def _echo_piece(self, prompt_index: int) -> TextPiece:
         prompt, tokenizer = self.prompts[prompt_index], self.state.tokenizer
         if not self.prompt_scores_needed:
-            return echo_piece(tokenizer, prompt)
-        scores: PromptScores = (await self._scores)[prompt_index]
+            return await asyncio.to_thread(echo_piece, tokenizer, prompt)
+        scores: PromptScores = (await self._prompt_scores())[prompt_index]
         return await asyncio.to_thread(echo_piece, tokenizer, prompt, scores.token_logprobs, scores.top)
 
     def start(self) -> None:
@@ -136,15 +149,23 @@ class RequestChoices:
         if self.scoring_pass_needed:
             pad_token_id = state.tokenizer.pad_token_id
             pad_token_id = pad_token_id if pad_token_id is not None else state.tokenizer.eos_token_id or 0
-            on_pass = state.metrics.scoring_passes.labels(state.model_id).inc
-            self._scores = asyncio.get_running_loop().run_in_executor(
-                state.pool, score_prompts, state.model, self.prompts, self.num_logprobs or 0, pad_token_id,
-                self.prompt_scores_needed, on_pass)
+            self._scores = asyncio.get_running_loop().run_in_executor(state.pool, self._score, pad_token_id)
             self._scores.add_done_callback(retrieve_exception)  # a request whose client left never awaits it
         for choice in self.choices:
             choice.source.start()
 
+    def _score(self, pad_token_id: int) -> list[PromptScores]:
+        """The scoring pass, on a generation thread; cancel() cancels its forward through the swarm."""
+        if self._scoring.is_set():  # the client left while the request waited for a thread
+            raise CallCancelledError("the request was cancelled before its scoring pass started")
+        state = self.state
+        with state.model.client.runtime.cancellable(self._scoring):
+            return score_prompts(state.model, self.prompts, self.num_logprobs or 0, pad_token_id,
+                                 self.prompt_scores_needed, state.metrics.scoring_passes.labels(state.model_id).inc)
+
     def cancel(self) -> None:
+        """Stop every choice and the scoring pass, wherever they are (safe at any time, and again)."""
+        self._scoring.cancel()
         for choice in self.choices:
             choice.source.cancel()
 

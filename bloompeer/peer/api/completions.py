@@ -5,8 +5,9 @@ The response's status is decided before its body starts: every choice runs until
 cannot serve gives a 503 with the missing blocks named, even for a stream. A stream then sends
 each choice's pieces as they arrive (choices interleaved, each chunk naming its index), and
 `data: [DONE]`. If the HTTP client goes away (its stream is cancelled, or a plain request's
-connection closes), every generation is cancelled, which closes its inference session and frees
-the servers' caches.
+connection closes), the request's work is cancelled where it is (RequestChoices.cancel): each
+generation's step in flight and the scoring pass's forward stop on the client's loop, and every
+inference session is closed, which frees the servers' caches.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ async def _answer(state, request: Request, body, prompts: list[list[int]], outpu
         firsts = await _first_pieces(iterators)  # each choice's first piece, or the reason there is none
         if body.stream:
             watcher.cancel()  # from here the stream's own disconnect detection takes over
-            return EventSourceResponse(_events(firsts, iterators, output, body, choices.prompt_tokens, endings))
+            return EventSourceResponse(_events(firsts, iterators, output, body, choices, endings))
         pieces = await asyncio.gather(*(_rest(first, iterator) for first, iterator in zip(firsts, iterators)))
         for ending, choice_pieces in zip(endings, pieces):
             ending(choice_pieces[-1].finish_reason)
@@ -133,6 +134,7 @@ async def _answer(state, request: Request, body, prompts: list[list[int]], outpu
     except BaseException as exc:
         for ending in endings:
             ending("error")
+        choices.cancel()  # the work of every choice, and the scoring pass: nobody will read them
         if isinstance(exc, Exception):
             raise api_error_from(exc) from exc
         raise
@@ -177,9 +179,9 @@ class _Ending:
 
 
 async def _events(firsts: list[TextPiece], iterators: list[AsyncIterator[TextPiece]], output: _CompletionFormat,
-                  body, prompt_tokens: int, endings: list[_Ending]) -> AsyncIterator[str]:
+                  body, choices: RequestChoices, endings: list[_Ending]) -> AsyncIterator[str]:
     """The SSE data of a stream: chunks as pieces arrive, an error event if the swarm fails midway."""
-    completion_tokens, started = 0, set()
+    completion_tokens, started, prompt_tokens = 0, set(), choices.prompt_tokens
     try:
         async for index, piece in interleave([_prepend(first, rest) for first, rest in zip(firsts, iterators)]):
             for chunk in output.chunks(index, piece, index not in started):
@@ -197,6 +199,7 @@ async def _events(firsts: list[TextPiece], iterators: list[AsyncIterator[TextPie
     finally:
         for ending in endings:  # only counts those nothing above did: the client left (the task was cancelled)
             ending("disconnect")
+        choices.cancel()  # what still runs (a scoring pass a choice did not wait for) stops too
     yield "[DONE]"
 
 

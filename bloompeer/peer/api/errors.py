@@ -7,7 +7,8 @@
                                 (answered by auth.py, before any handler)
     404 invalid_request_error   model_not_found: the request names a model this API does not serve
     503 service_unavailable     missing_blocks: no server covers some blocks now (they are named);
-                                servers_busy: every server that could take the request is full
+                                servers_busy: every server that could take the request is full;
+                                shutting_down: the API is stopping (SIGTERM) and ended the request
     502 bad_gateway             a server misbehaved and no other could take over
     500 server_error            a bug here
 """
@@ -22,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from ...p2p import BloompeerError, PeerBusyError, RemoteError
-from ..client.errors import MissingBlocksError, RequestTooLargeError
+from ..client.errors import ClientShutDownError, MissingBlocksError, RequestTooLargeError
 from .openai_schema import error_body
 
 __all__ = ["ApiError", "api_error_from", "install_error_handlers"]
@@ -50,6 +51,8 @@ def api_error_from(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, MissingBlocksError):
         return ApiError(503, str(exc), "service_unavailable", code="missing_blocks", missing_blocks=exc.missing)
+    if isinstance(exc, ClientShutDownError):
+        return ApiError(503, f"the API is shutting down: {exc}", "service_unavailable", code="shutting_down")
     if isinstance(exc, PeerBusyError):
         return ApiError(503, f"the swarm is busy, retry later: {exc}", "service_unavailable", code="servers_busy")
     if isinstance(exc, RequestTooLargeError):

@@ -5,9 +5,10 @@ generate() blocks for the whole generation (each step is a round trip through th
 runs on a thread of the generation pool, never on the event loop; every choice is its own
 generate() call, hence its own inference session on the servers, and the servers batch the
 steps of concurrent choices (of one request, with `n` or several prompts, or of many). Tokens
-come back through a streamer that hands them to an asyncio queue. A cancel event, set when the
-HTTP client goes away, is a stopping criterion: generate() returns after the step in flight and
-closes its session, which frees the servers' caches at once.
+come back through a streamer that hands them to an asyncio queue. When the HTTP client goes away,
+cancel() stops the generation where it is: the step in flight is cancelled on the client's loop
+(even one waiting minutes for servers of missing blocks), a stopping criterion catches it between
+steps, and generate() closes its session on the way out, which frees the servers' caches at once.
 
 How a token is picked is sampling.py's; with logprobs, the first logits processor keeps each
 step's log-softmax of the model's own logits, before any other processor changes them.
@@ -16,8 +17,8 @@ step's log-softmax of the model's own logits, before any other processor changes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
@@ -27,6 +28,7 @@ import torch
 from transformers import LogitsProcessor, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from ..client.runtime import Cancellation
 from .logprobs import top_alternatives
 from .pieces import PieceMaker, TextPiece, TokenScore
 from .sampling import Sampling
@@ -51,7 +53,7 @@ def eos_ids(model) -> set[int]:
 
 
 class _Cancelled(StoppingCriteria):
-    def __init__(self, event: threading.Event):
+    def __init__(self, event: Cancellation):
         self.event = event
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
@@ -113,7 +115,8 @@ def retrieve_exception(future: asyncio.Future) -> None:
 class Generation:
     """One choice's generate() on the pool, read as TextPieces with `async for piece in generation`.
 
-    Call cancel() when nobody reads any more (the client left); it is safe to call at any time.
+    Call cancel() when nobody reads any more (the client left); it is safe to call at any time, from
+    any thread, and stops the work through the swarm too (see the module docstring).
     `on_token(seconds)` is called on the worker thread with each token's arrival time.
     """
 
@@ -121,7 +124,7 @@ class Generation:
                  on_token: Callable[[float], None] = lambda at: None):
         self.model, self.tokenizer, self.request, self.pool = model, tokenizer, request, pool
         self.on_token = on_token
-        self.cancelled = threading.Event()
+        self.cancelled = Cancellation()
         self.started_at = time.perf_counter()
         self._queue: asyncio.Queue | None = None
         self._future: asyncio.Future | None = None
@@ -133,7 +136,7 @@ class Generation:
         self._future.add_done_callback(retrieve_exception)  # a stream left early never awaits it
 
     def cancel(self) -> None:
-        self.cancelled.set()
+        self.cancelled.cancel()
 
     async def __aiter__(self) -> AsyncIterator[TextPiece]:
         request = self.request
@@ -149,9 +152,11 @@ class Generation:
     def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             if not self.cancelled.is_set():  # the client may have left while the request waited for a thread
-                self._generate(loop)
+                with self.model.client.runtime.cancellable(self.cancelled):
+                    self._generate(loop)
         finally:
-            loop.call_soon_threadsafe(self._queue.put_nowait, None)
+            with contextlib.suppress(RuntimeError):  # the HTTP loop is closed (the API stopped): nobody reads
+                loop.call_soon_threadsafe(self._queue.put_nowait, None)
 
     def _generate(self, loop: asyncio.AbstractEventLoop) -> None:
         request = self.request

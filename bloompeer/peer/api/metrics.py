@@ -37,6 +37,10 @@ class ApiMetrics:
         self.in_progress = Gauge(
             "bloompeer_api_generations_in_progress", "Generations running or waiting for a thread", ["model"],
             registry=self.registry)
+        self.busy_threads = Gauge(
+            "bloompeer_api_busy_threads", "Generation threads (at most --max-concurrent) running a generation or a "
+                                          "scoring pass through the swarm now; a request whose client left stops "
+                                          "counting once its work is cancelled", registry=self.registry)
         self.time_to_first_token = Histogram(
             "bloompeer_api_time_to_first_token_seconds", "From a generation's start (request accepted) to its "
                                                          "first token", ["model"], buckets=LATENCY_BUCKETS_S,

@@ -3,14 +3,18 @@
     BloompeerError
     ├── RequestError
     │   └── RequestTooLargeError over the limits of every server of some block: it can never succeed as asked
-    └── MissingBlocksError       no usable server covers some blocks, even after waiting
+    ├── MissingBlocksError       no usable server covers some blocks, even after waiting
+    ├── ClientShutDownError      the client is shutting down: the call was refused, or ended by it
+    ├── CallCancelledError       the caller cancelled the call from another thread (its HTTP client left)
+    └── SessionClosedError       the inference session was closed before, or while, this call ran
 """
 
 from __future__ import annotations
 
 from ...p2p import BloompeerError, RequestError
 
-__all__ = ["MissingBlocksError", "RequestTooLargeError", "block_ranges"]
+__all__ = ["CallCancelledError", "ClientShutDownError", "MissingBlocksError", "RequestTooLargeError", "SessionClosedError",
+           "block_ranges"]
 
 
 class MissingBlocksError(BloompeerError):
@@ -28,6 +32,21 @@ class MissingBlocksError(BloompeerError):
             f"Start one with: bloompeer serve --model {model_uid} --blocks {missing[0]}:{missing[-1] + 1} "
             f"--initial-peers ..."
         )
+
+
+class ClientShutDownError(BloompeerError, RuntimeError):
+    """The client is shutting down (or shut down): it refuses new work, and work it was running
+    when shutdown began ends with this error rather than never."""
+
+
+class CallCancelledError(BloompeerError):
+    """The call was cancelled from outside the thread that made it (runtime.Cancellation): whoever
+    waited for its result no longer does, so its work through the swarm was stopped."""
+
+
+class SessionClosedError(BloompeerError, RuntimeError):
+    """The inference session is closed: it takes no more steps, and a step that was running when it
+    closed ends with this error rather than opening sessions on new servers to go on."""
 
 
 class RequestTooLargeError(RequestError):

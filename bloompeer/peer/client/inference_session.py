@@ -23,6 +23,7 @@ import torch
 
 from ...p2p import P2P, PushTarget, RemoteError, RequestError, Step
 from .config import ClientConfig
+from .errors import SessionClosedError
 from .retry import Refusals, on_a_route
 from .routing import RequestSize, RoutePlan, SpanRoute
 from .span_session import SpanInferenceSession
@@ -111,8 +112,7 @@ class InferenceSession:
         the rows cached so far. prompts: [all blocks, batch, k <= new, hidden_size] deep prompts
         for the first k new tokens (sent span by span, never pushed).
         """
-        if self._closed:
-            raise RuntimeError("this inference session is closed")
+        self._check_open("it takes no more steps")
         num_new = hidden.shape[1]
         if self.position + num_new > self.max_length:
             raise RequestError(f"the session was opened for max_length={self.max_length}; "
@@ -136,6 +136,7 @@ class InferenceSession:
                 else:
                     output = await span.session.step(given.message(next(self._step_ids), span.route))
             except RemoteError as exc:
+                self._check_open("its step failed as it closed (no new servers are opened to go on)", exc)
                 await span.session.close()
                 self._spans[index:index + 1], pushed = await self._build(
                     span.route.start, span.route.end, span.inputs, self.config.recovery_timeout_s, exc), []
@@ -151,6 +152,7 @@ class InferenceSession:
 
     async def open(self, batch: int) -> None:
         """Choose the route and reserve the servers' caches now (the first step does it otherwise)."""
+        self._check_open("it cannot be opened again")
         if self.batch is not None:
             raise RuntimeError("this inference session is already open")
         self.batch = batch
@@ -185,8 +187,15 @@ class InferenceSession:
         liars = await self.verifier.find_liars(span.route, inputs, mask, output, prompts)
         return span.route.peer_id_str in liars
 
+    def _check_open(self, why: str, cause: BaseException | None = None) -> None:
+        """Raise SessionClosedError once close() has begun: a closed session must neither step nor (in
+        a step that was running when it closed) open sessions on new servers that nobody would close."""
+        if self._closed:
+            raise SessionClosedError(f"this inference session is closed: {why}") from cause
+
     async def _build_after_lie(self, liar: _Span) -> list[_Span]:
         await liar.session.close()  # the verifier has banned its server already
+        self._check_open("a server was caught lying as it closed (no new servers are opened)")
         return await self._build(liar.route.start, liar.route.end, liar.inputs, self.config.recovery_timeout_s)
 
     async def _build(self, start: int, end: int, inputs: list[_SpanInput], wait_s: float,
@@ -197,9 +206,11 @@ class InferenceSession:
         async def attempt(plan: RoutePlan) -> list[_Span]:
             spans: list[_Span] = []
             try:
+                self._check_open("no new servers are opened for it")
                 await self._open(plan.route, spans)
                 if inputs:
                     await self._replay(spans, inputs)
+                self._check_open("it closed while new servers were opened for it (now closed again)")
                 self.push = plan.push
                 return spans
             except BaseException:
@@ -212,16 +223,19 @@ class InferenceSession:
                                 min_cache_tokens=self.batch * self.max_length, failed=failed, push=self.push)
 
     async def _open(self, route: list[SpanRoute], spans: list[_Span]) -> None:
-        """Open a session on every piece of the route, in parallel; `spans` gets those that opened."""
-        opened = await asyncio.gather(
-            *(SpanInferenceSession.open(self.p2p, piece, self.swarm.model_uid, self.batch, self.max_length,
-                                        self.config.request_timeout_s, self.config.alloc_timeout_s)
-              for piece in route), return_exceptions=True)
-        spans += [_Span(piece, session) for piece, session in zip(route, opened)
-                  if isinstance(session, SpanInferenceSession)]
-        for failure in opened:
-            if isinstance(failure, BaseException):
-                raise failure
+        """Open a session on every piece of the route, in parallel; `spans` gets those that opened, also
+        when this is cancelled halfway (a caller that left): the caller closes them."""
+        opening = [asyncio.ensure_future(SpanInferenceSession.open(
+            self.p2p, piece, self.swarm.model_uid, self.batch, self.max_length, self.config.request_timeout_s,
+            self.config.alloc_timeout_s)) for piece in route]
+        try:
+            await asyncio.gather(*opening, return_exceptions=True)
+        finally:  # cancelled, gather cancels those still opening (each closes its own stream)
+            spans += [_Span(piece, task.result()) for piece, task in zip(route, opening)
+                      if task.done() and not task.cancelled() and task.exception() is None]
+        for task in opening:
+            if task.exception() is not None:
+                raise task.exception()
 
     async def _replay(self, spans: list[_Span], inputs: list[_SpanInput]) -> None:
         logger.info("Replaying %d step(s) (%d tokens) to %s", len(inputs), self.position,

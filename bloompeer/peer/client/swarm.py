@@ -2,7 +2,8 @@
 which ones it does not trust right now.
 
 Records are read from the DHT in the background every refresh period, and new servers are
-pinged, so choosing a route costs no lookup unless the view is stale or has gaps.
+pinged, so choosing a route costs no lookup unless the view is stale or has gaps. However many
+sessions, requests and threads find it stale at once, they share one refresh in flight.
 
 In the client's code "swarm" always means this view (`SwarmView`); the connection that owns it,
 with the network peer and the event loop, is the `SwarmClient` (a model's `client`).
@@ -54,8 +55,19 @@ class SwarmView:
         self.bans = BanList()
         self._pinged_at: dict[str, float] = {}
         self._updated_at = float("-inf")
+        self._refreshing: asyncio.Future | None = None  # the refresh in flight, shared by all who ask
 
     async def refresh(self) -> None:
+        """Read the DHT again and ping new servers; joins the refresh in flight if there is one (every
+        session waiting for blocks, every request of an API server, asks at once). A caller that
+        stops waiting (cancelled) does not cancel it for the others."""
+        loop = asyncio.get_running_loop()
+        if self._refreshing is None or self._refreshing.done() or self._refreshing.get_loop() is not loop:
+            self._refreshing = loop.create_task(self._refresh_now(), name="bloompeer-swarm-refresh")
+            self._refreshing.add_done_callback(_retrieve_exception)  # all who waited may have left
+        await asyncio.shield(self._refreshing)
+
+    async def _refresh_now(self) -> None:
         self._remember(await self.directory.find_records(self.model_uid, self.num_blocks))
         self.servers = usable_servers(self.announced, self.fingerprint, self.trusted, self.quant_allowed)
         self._updated_at = time.monotonic()
@@ -159,3 +171,8 @@ class SwarmView:
             return None
         refuser = next(record.peer_id for record in self.servers[blocks[0]] if record.peer_id in refusals)
         return f"every server of block {blocks[0]} refused it; {refusals[refuser]}"
+
+
+def _retrieve_exception(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()

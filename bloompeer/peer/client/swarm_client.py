@@ -92,7 +92,9 @@ class SwarmClient:
         return InferenceSession(self.node.p2p, self.swarm, self.config, max_length, self.verifier)
 
     def close_session(self, session: InferenceSession) -> None:
-        self.runtime.run(session.close())
+        """Close it, even in a call cancelled by its caller (runtime.Cancellation): that frees the
+        servers' caches now rather than at their timeout."""
+        self.runtime.run(session.close(), cancellable=False)
 
     def forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None,
                 prompts: torch.Tensor | None = None) -> torch.Tensor:
@@ -101,15 +103,11 @@ class SwarmClient:
         return ThroughSwarm.apply(hidden, prompts, (self.sequential, self.runtime.run), padding_mask)
 
     def shutdown(self) -> None:
-        """Stop the swarm view, the network peer and the client's loop thread, in that order. Idempotent."""
-        if self.runtime is None:
-            return
+        """Stop the calls in flight, the swarm view, the network peer and the client's loop thread, in
+        that order. Idempotent and thread-safe; calls from other threads during and after it fail with
+        ClientShutDownError (at once: none waits on a loop that no longer runs)."""
         _connected.discard(self)
-        try:
-            self.runtime.run(self._stop())
-        finally:
-            self.runtime.shutdown()
-            self.runtime = None
+        self.runtime.shutdown(last=self._stop())
 
     async def _stop(self) -> None:
         self._refresher.cancel()
@@ -142,6 +140,4 @@ class Connecting:
         self._release(node)
 
     def _release(self, node: PeerNode | None) -> None:
-        if node is not None:
-            self._runtime.run(node.shutdown())
-        self._runtime.shutdown()
+        self._runtime.shutdown(last=node.shutdown() if node is not None else None)

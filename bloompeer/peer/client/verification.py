@@ -17,6 +17,7 @@ import asyncio
 import functools
 import logging
 import random
+import threading
 from collections.abc import Collection
 
 import torch
@@ -52,24 +53,37 @@ def tolerance_for(dtype: torch.dtype, quantized: bool = False) -> float:
 
 
 class LocalBlocks:
-    """Blocks the client loads from its own copy of the checkpoint, only to check servers."""
+    """Blocks the client loads from its own copy of the checkpoint, only to check servers.
+
+    Checks of several sessions run at once on executor threads: each span is loaded once, by the
+    first thread that needs it, while the others that need it wait for that load (a lock per span,
+    so that loading one span does not hold up checks that use another)."""
 
     def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype):
         self.checkpoint, self.dtype = checkpoint, dtype
         self._spans: dict[tuple[int, int, tuple[str, int]], BlockSpan] = {}
+        self._lock = threading.Lock()  # guards _loading
+        self._loading: dict[tuple[int, int, tuple[str, int]], threading.Lock] = {}
 
     def forward(self, start: int, end: int, hidden: torch.Tensor, padding_mask: torch.Tensor | None,
                 prompts: torch.Tensor | None, storage: tuple[str, int] = ("none", 0)) -> torch.Tensor:
         """storage: (quant, group size) as the checked server announces them; the blocks are quantized so."""
-        if (start, end, storage) not in self._spans:
-            quant, group_size = storage
-            hook = None if quant == "none" else lambda block: quantize_linears(block, quant,
-                                                                             group_size or DEFAULT_GROUP_SIZE)
-            self._spans[start, end, storage] = self.checkpoint.load_span(start, end, self.dtype, prepare_block=hook)
+        span = self._span(start, end, storage)
         prompts = None if prompts is None else prompts.to(self.dtype)
         with torch.inference_mode():
-            return self._spans[start, end, storage](hidden.to(self.dtype), padding_mask,
-                                                    prompts=prompts).to(hidden.dtype)
+            return span(hidden.to(self.dtype), padding_mask, prompts=prompts).to(hidden.dtype)
+
+    def _span(self, start: int, end: int, storage: tuple[str, int]) -> BlockSpan:
+        key = (start, end, storage)
+        with self._lock:
+            loading = self._loading.setdefault(key, threading.Lock())
+        with loading:
+            if key not in self._spans:
+                quant, group_size = storage
+                hook = None if quant == "none" else lambda block: quantize_linears(block, quant,
+                                                                                 group_size or DEFAULT_GROUP_SIZE)
+                self._spans[key] = self.checkpoint.load_span(start, end, self.dtype, prepare_block=hook)
+            return self._spans[key]
 
 
 class OutputVerifier:
