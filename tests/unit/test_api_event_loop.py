@@ -1,5 +1,5 @@
-"""A request's choices of at most one token (a prompt scored, with echo and logprobs, or one token
-picked) compute off the HTTP event loop: while one is picked and decoded, the loop answers others
+"""A request's choices compute off the HTTP event loop, those of at most one token (a prompt scored,
+with echo and logprobs, or one token picked) and generated ones (whose pieces decode the text so far): while one is picked and decoded, the loop answers others
 (/health, say). Shown by order, not by time: the tokenizer holds the first decode until the event
 loop has answered something else, which it can only do if it is not the one decoding; and no decode
 at all may run on the loop's thread."""
@@ -46,6 +46,20 @@ class LoopWatch:
     dict(max_tokens=0, echo=True),  # the prompt echoed, nothing generated
 ], ids=["echo-logprobs", "one-token", "echo"])
 async def test_choices_of_at_most_one_token_are_picked_and_decoded_off_the_event_loop(request_fields):
+    pieces, body = await _pieces_with_a_watched_loop(request_fields)
+    text = "".join(piece.text for piece in pieces)
+    assert text.startswith("bcd") == body.echo and len(text) == 3 * body.echo + body.max_tokens
+    assert pieces[-1].finish_reason is not None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_generated_choices_are_decoded_off_the_event_loop(stream):
+    pieces, _ = await _pieces_with_a_watched_loop(dict(max_tokens=5, stream=stream))
+    assert "".join(piece.text for piece in pieces) == "bcdef"
+    assert [piece.finish_reason for piece in pieces][-1] == "length" and pieces[-1].completion_tokens == 5
+
+
+async def _pieces_with_a_watched_loop(request_fields):
     runtime = ClientRuntime()
     watch = LoopWatch(asyncio.get_running_loop())
     state = api_state(FakeModel(runtime, SwarmWork()), LetterTokenizer(watch.before_decode))
@@ -57,6 +71,4 @@ async def test_choices_of_at_most_one_token_are_picked_and_decoded_off_the_event
     finally:
         runtime.shutdown()
     assert watch.answered.is_set()
-    text = "".join(piece.text for piece in pieces)
-    assert text.startswith("bcd") == body.echo and len(text) == 3 * body.echo + body.max_tokens
-    assert pieces[-1].finish_reason is not None
+    return pieces, body

@@ -5,10 +5,12 @@ generate() blocks for the whole generation (each step is a round trip through th
 runs on a thread of the generation pool, never on the event loop; every choice is its own
 generate() call, hence its own inference session on the servers, and the servers batch the
 steps of concurrent choices (of one request, with `n` or several prompts, or of many). Tokens
-come back through a streamer that hands them to an asyncio queue. When the HTTP client goes away,
-cancel() stops the generation where it is: the step in flight is cancelled on the client's loop
-(even one waiting minutes for servers of missing blocks), a stopping criterion catches it between
-steps, and generate() closes its session on the way out, which frees the servers' caches at once.
+come back through a streamer that makes them into text pieces, on the worker too (each decodes
+the text so far: on the event loop, a long stream would cost every other request more with each
+token), and hands those to an asyncio queue. When the HTTP client goes away, cancel() stops the
+generation where it is: the step in flight is cancelled on the client's loop (even one waiting
+minutes for servers of missing blocks), a stopping criterion catches it between steps, and
+generate() closes its session on the way out, which frees the servers' caches at once.
 
 How a token is picked is sampling.py's; with logprobs, the first logits processor keeps each
 step's log-softmax of the model's own logits, before any other processor changes them.
@@ -89,9 +91,9 @@ class _RecordLogprobs(LogitsProcessor):
 class _QueueStreamer(BaseStreamer):
     """generate() calls put() on its thread: once with the prompt, then with each new token."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue,
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, pieces: PieceMaker,
                  on_token: Callable[[float], None], logprobs: _RecordLogprobs | None):
-        self.loop, self.queue, self.on_token, self.logprobs = loop, queue, on_token, logprobs
+        self.loop, self.queue, self.pieces, self.on_token, self.logprobs = loop, queue, pieces, on_token, logprobs
         self._prompt_seen = False
 
     def put(self, value: torch.Tensor) -> None:
@@ -101,7 +103,9 @@ class _QueueStreamer(BaseStreamer):
         self.on_token(time.perf_counter())
         token_ids = value.reshape(-1).tolist()
         scores = [self.logprobs.score(token_id) for token_id in token_ids] if self.logprobs else None
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, (token_ids, scores))
+        piece = self.pieces.add(token_ids, scores)
+        if piece is not None:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, piece)
 
     def end(self) -> None:
         pass  # the worker puts the end marker itself, after generate() has returned (its session closed)
@@ -139,15 +143,9 @@ class Generation:
         self.cancelled.cancel()
 
     async def __aiter__(self) -> AsyncIterator[TextPiece]:
-        request = self.request
-        pieces = PieceMaker(self.tokenizer, request.stops, request.max_new_tokens, eos_ids(self.model),
-                            request.num_logprobs is not None)
-        while (item := await self._queue.get()) is not None:
-            piece = pieces.add(*item)
-            if piece is not None:
-                yield piece
-        await self._future  # raises what generate() raised
-        yield pieces.finish()
+        while (piece := await self._queue.get()) is not None:
+            yield piece
+        await self._future  # raises what generate() raised (its last piece then never came)
 
     def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -169,9 +167,12 @@ class Generation:
         if recorder is not None:
             processors.insert(0, recorder)
         pad_token_id = self.tokenizer.pad_token_id
+        pieces = PieceMaker(self.tokenizer, request.stops, request.max_new_tokens, eos_ids(self.model),
+                            recorder is not None)
         with torch.inference_mode():
             self.model.generate(
                 input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=request.max_new_tokens,
                 min_new_tokens=0, do_sample=False, logits_processor=processors, stopping_criteria=criteria,
-                streamer=_QueueStreamer(loop, self._queue, self.on_token, recorder),
+                streamer=_QueueStreamer(loop, self._queue, pieces, self.on_token, recorder),
                 pad_token_id=pad_token_id if pad_token_id is not None else self.tokenizer.eos_token_id)
+        loop.call_soon_threadsafe(self._queue.put_nowait, pieces.finish())
