@@ -14,6 +14,8 @@ import pytest
 from bloompeer.peer.client.errors import CallCancelledError, ClientShutDownError
 from bloompeer.peer.client.runtime import Cancellation, ClientRuntime
 
+from .api_fakes import SwarmWork
+
 WAIT_S = 30.0  # far longer than anything here takes: only reached when something hangs
 
 
@@ -125,43 +127,24 @@ def test_a_wait_interrupted_by_ctrl_c_cancels_the_call_on_the_loop():
     """KeyboardInterrupt in the waiting thread (here a real SIGINT to the main thread) must not leave
     the call running on the loop, streaming through the swarm for nobody."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    runtime = ClientRuntime()
-    started, cancelled = threading.Event(), threading.Event()
-
-    async def in_flight() -> None:
-        started.set()
-        try:
-            await _forever()
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
+    runtime, in_flight = ClientRuntime(), SwarmWork().hold()
 
     def interrupt_when_started() -> None:
-        assert started.wait(WAIT_S)
+        assert in_flight.started.wait(WAIT_S)
         os.kill(os.getpid(), signal.SIGINT)
 
     try:
         Outcome(interrupt_when_started)
         with pytest.raises(KeyboardInterrupt):
             runtime.run(in_flight())
-        assert cancelled.wait(WAIT_S), "the call went on running on the loop"
+        assert in_flight.cancelled.wait(WAIT_S), "the call went on running on the loop"
     finally:
         signal.signal(signal.SIGINT, previous)
         runtime.shutdown()
 
 
 def test_a_cancelled_caller_has_its_call_in_flight_and_later_ones_cancelled_but_not_its_cleanup():
-    runtime = ClientRuntime()
-    cancellation = Cancellation()
-    started, cancelled = threading.Event(), threading.Event()
-
-    async def in_flight() -> None:
-        started.set()
-        try:
-            await _forever()
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
+    runtime, cancellation, in_flight = ClientRuntime(), Cancellation(), SwarmWork().hold()
 
     async def cleanup() -> str:
         return "closed"
@@ -177,8 +160,8 @@ def test_a_cancelled_caller_has_its_call_in_flight_and_later_ones_cancelled_but_
         return outcomes
 
     calls = Outcome(caller)
-    assert started.wait(WAIT_S)
+    assert in_flight.started.wait(WAIT_S)
     cancellation.cancel()
     assert calls.wait("the cancelled caller").value == [CallCancelledError, CallCancelledError, "closed"]
-    assert cancelled.is_set()
+    assert in_flight.cancelled.is_set()
     runtime.shutdown()
