@@ -1,8 +1,9 @@
 """A request's choices compute off the HTTP event loop, those of at most one token (a prompt scored,
-with echo and logprobs, or one token picked) and generated ones (whose pieces decode the text so far): while one is picked and decoded, the loop answers others
-(/health, say). Shown by order, not by time: the tokenizer holds the first decode until the event
-loop has answered something else, which it can only do if it is not the one decoding; and no decode
-at all may run on the loop's thread."""
+with echo and logprobs, or one token picked) and generated ones (whose pieces decode the text so
+far): while one is picked and decoded, the loop answers others (/health, say). Shown by order, not
+by time: the tokenizer holds the first decode until the event loop has answered something else,
+which it can only do if it is not the one decoding; and no decode at all may run on the loop's
+thread."""
 
 from __future__ import annotations
 

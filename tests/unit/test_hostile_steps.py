@@ -50,7 +50,8 @@ async def test_two_steps_of_one_session_never_share_a_pass(span, compute):
     scheduler = Scheduler(span, compute, max_batch_tokens=64, device="cpu", dtype=torch.float32)
     cache = _filled_cache(span, 1, 3, seed=0)
     first, second = torch.randn(1, 1, HIDDEN), torch.randn(1, 1, HIDDEN)
-    outputs = await _run_queued(scheduler, scheduler.step(cache, Step(3, first)), scheduler.step(cache, Step(4, second)))
+    outputs = await _run_queued(scheduler, scheduler.step(cache, Step(3, first)),
+                                scheduler.step(cache, Step(4, second)))
     assert scheduler.batches_run == 2  # not one pass that fails and falls back to one by one
     reference = _filled_cache(span, 1, 3, seed=0)
     with torch.inference_mode():

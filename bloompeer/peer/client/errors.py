@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from ...p2p import BloompeerError, RequestError
 
-__all__ = ["CallCancelledError", "ClientShutDownError", "MissingBlocksError", "RequestTooLargeError", "SessionClosedError",
-           "block_ranges"]
+__all__ = [
+    "CallCancelledError", "ClientShutDownError", "MissingBlocksError", "RequestTooLargeError", "SessionClosedError",
+    "block_ranges",
+]
 
 
 class MissingBlocksError(BloompeerError):
