@@ -77,11 +77,17 @@ def start_waiting_api(swarm, model: Path, log_dir: Path, *args: str, **kwargs) -
                      swarm.servers[0].peer_id_str, "--timeout", "600", *args, **kwargs)
 
 
+def scrape(api: ApiProcess) -> dict[tuple[str, tuple], float]:
+    """GET /metrics, parsed with prometheus_client's own parser: (sample name, sorted labels) -> value."""
+    status, content_type, text = api.get("/metrics")
+    assert status == 200 and content_type.startswith("text/plain")
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
 def gauge(api: ApiProcess, name: str) -> float:
-    """The value of one of the API's gauges (summed over its labels), from /metrics."""
-    _, _, text = api.get("/metrics")
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == name)
+    """The value of one of the API's gauges, summed over its labels."""
+    return sum(value for (sample, _), value in scrape(api).items() if sample == name)
 
 
 @pytest.fixture(scope="session")

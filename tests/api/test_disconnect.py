@@ -9,11 +9,10 @@ import asyncio
 
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.wire import server_info
 
-from .conftest import gauge, start_waiting_api
+from .conftest import gauge, scrape, start_waiting_api
 
 MAX_TOKENS = 4000  # minutes of generation: it can only end this soon if the disconnect stopped it
 
@@ -31,11 +30,11 @@ async def _until(condition, what: str, timeout_s: float = 30.0) -> None:
 
 
 async def _generations(api) -> dict[str, float]:
-    _, _, text = await asyncio.to_thread(api.get, "/metrics")
-    family = next(f for f in text_string_to_metric_families(text) if f.name == "bloompeer_api_generations")
-    counts = {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")}
-    tokens = next(f for f in text_string_to_metric_families(text) if f.name == "bloompeer_api_generated_tokens")
-    return counts | {"tokens": sum(s.value for s in tokens.samples if s.name.endswith("_total"))}
+    samples = await asyncio.to_thread(scrape, api)
+    counts = {dict(labels)["reason"]: value for (name, labels), value in samples.items()
+              if name == "bloompeer_api_generations_total"}
+    return counts | {"tokens": sum(value for (name, _), value in samples.items()
+                                   if name == "bloompeer_api_generated_tokens_total")}
 
 
 async def test_a_disconnect_mid_stream_frees_the_servers_caches(api, swarm, node, model_id):

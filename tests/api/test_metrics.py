@@ -1,15 +1,8 @@
-"""GET /metrics, parsed with prometheus_client's own parser: counters rise by at least what was generated."""
+"""GET /metrics (conftest.scrape): counters rise by at least what was generated."""
 
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
-
-
-def _scrape(api) -> dict[tuple[str, tuple], float]:
-    status, content_type, text = api.get("/metrics")
-    assert status == 200 and content_type.startswith("text/plain")
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+from .conftest import scrape
 
 
 def _value(samples, name, **labels) -> float:
@@ -17,13 +10,13 @@ def _value(samples, name, **labels) -> float:
 
 
 def test_counters_rise_by_at_least_the_tokens_generated(api, client, model_id):
-    before = _scrape(api)
+    before = scrape(api)
     response = client.completions.create(model=model_id, prompt="Count me", max_tokens=10, temperature=0)
     streamed = list(client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Hi"}],
                                                    max_tokens=6, temperature=0, stream=True,
                                                    stream_options={"include_usage": True}))
     generated = response.usage.completion_tokens + streamed[-1].usage.completion_tokens
-    after = _scrape(api)
+    after = scrape(api)
 
     def delta(name, **labels):
         return _value(after, name, **labels) - _value(before, name, **labels)
@@ -39,8 +32,8 @@ def test_counters_rise_by_at_least_the_tokens_generated(api, client, model_id):
 
 
 def test_errors_are_counted_by_status_code(api, client):
-    before = _scrape(api)
+    before = scrape(api)
     assert api.post_json("/v1/completions", {"model": "unknown", "prompt": "x"})[0] == 404
-    after = _scrape(api)
+    after = scrape(api)
     key = ("bloompeer_api_requests_total", (("code", "404"), ("endpoint", "/v1/completions")))
     assert after[key] - before.get(key, 0.0) == 1
