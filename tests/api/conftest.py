@@ -85,6 +85,11 @@ def scrape(api: ApiProcess) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
+def sample_value(samples: dict[tuple[str, tuple], float], name: str, **labels: str) -> float:
+    """One sample of a scrape by name and exact labels; 0 when the series has not been created yet."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
 def gauge(api: ApiProcess, name: str) -> float:
     """The value of one of the API's gauges, summed over its labels."""
     return sum(value for (sample, _), value in scrape(api).items() if sample == name)

@@ -123,7 +123,10 @@ def test_logit_bias_adds_to_the_logits(client, model_id, reference, tokenizer, s
     response = client.chat.completions.create(
         model=model_id, messages=[{"role": "user", "content": "x"}], max_tokens=3, temperature=0,
         logit_bias={str(favoured): 100}, stream=stream)
-    content = "".join(c.choices[0].delta.content or "" for c in response) if stream else response.choices[0].message.content
+    if stream:
+        content = "".join(c.choices[0].delta.content or "" for c in response)
+    else:
+        content = response.choices[0].message.content
     assert content == "zzz"
     response = client.completions.create(model=model_id, prompt=PROMPTS[1], max_tokens=8, temperature=0,
                                          logit_bias={str(token): value for token, value in bias.items()}, stream=stream)

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from .test_metrics import _scrape, _value
+from .conftest import sample_value, scrape
 
 TOLERANCE = 1e-4
 PROMPTS_PER_REQUEST = 4
@@ -103,12 +103,12 @@ def _per_sample(results: dict, task: str) -> list:
 
 def test_local_completions_through_the_swarm_equals_lm_evals_hf_model(lm_eval, task_manager, api, model_id,
                                                                       tiny_checkpoint):
-    before = _scrape(api)
+    before = scrape(api)
     swarm = _evaluate(lm_eval, task_manager, "local-completions", {
         "model": model_id, "base_url": f"{api.url}/completions", "tokenizer": str(tiny_checkpoint),
         "tokenizer_backend": "huggingface", "tokenized_requests": True, "num_concurrent": REQUESTS_IN_FLIGHT,
         "max_retries": 1}, PROMPTS_PER_REQUEST)
-    after = _scrape(api)
+    after = scrape(api)
     local = _evaluate(lm_eval, task_manager, "hf", {"pretrained": str(tiny_checkpoint), "dtype": "float32",
                                                     "device": "cpu"}, 1)
 
@@ -127,6 +127,6 @@ def test_local_completions_through_the_swarm_equals_lm_evals_hf_model(lm_eval, t
         assert swarm["results"][task] == local["results"][task]
 
     num_choices = sum(len(doc["choices"]) for doc in MULTIPLE_CHOICE)
-    passes = _value(after, "bloompeer_api_scoring_passes_total", model=model_id) - \
-        _value(before, "bloompeer_api_scoring_passes_total", model=model_id)
+    passes = sample_value(after, "bloompeer_api_scoring_passes_total", model=model_id) - \
+        sample_value(before, "bloompeer_api_scoring_passes_total", model=model_id)
     assert passes == -(-num_choices // PROMPTS_PER_REQUEST)  # one pass per request of several prompts

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from .test_metrics import _scrape, _value
+from .conftest import sample_value, scrape
 
 TOLERANCE = 1e-4
 PROMPTS = ["The swarm", "Scoring prompts through several servers", "né"]  # "é": two byte tokens
@@ -63,11 +63,11 @@ def _assert_top_equals(top: dict, expected_row: torch.Tensor, k: int):
 
 
 def test_echo_scores_every_prompt_in_one_pass(client, api, model_id, tokenizer, hf_logprobs):
-    before = _scrape(api)
+    before = scrape(api)
     response = client.completions.create(model=model_id, prompt=PROMPTS, echo=True, logprobs=3, max_tokens=0)
-    after = _scrape(api)
-    assert _value(after, "bloompeer_api_scoring_passes_total", model=model_id) - \
-        _value(before, "bloompeer_api_scoring_passes_total", model=model_id) == 1
+    after = scrape(api)
+    assert sample_value(after, "bloompeer_api_scoring_passes_total", model=model_id) - \
+        sample_value(before, "bloompeer_api_scoring_passes_total", model=model_id) == 1
     assert [choice.index for choice in response.choices] == [0, 1, 2]
     for prompt, choice in zip(PROMPTS, response.choices):
         ids = tokenizer(prompt).input_ids
@@ -93,12 +93,12 @@ def test_echo_scores_every_prompt_in_one_pass(client, api, model_id, tokenizer, 
 def test_lm_eval_scoring_request_picks_its_token_from_the_same_pass(client, api, model_id, tokenizer, hf_logprobs):
     """What lm-eval's local-completions sends for a loglikelihood: echo, logprobs 1, max_tokens 1."""
     ids = [tokenizer(prompt).input_ids for prompt in PROMPTS]
-    before = _scrape(api)
+    before = scrape(api)
     response = client.completions.create(model=model_id, prompt=ids, echo=True, logprobs=1, max_tokens=1,
                                          temperature=0, seed=1234)
-    after = _scrape(api)
-    assert _value(after, "bloompeer_api_scoring_passes_total", model=model_id) - \
-        _value(before, "bloompeer_api_scoring_passes_total", model=model_id) == 1
+    after = scrape(api)
+    assert sample_value(after, "bloompeer_api_scoring_passes_total", model=model_id) - \
+        sample_value(before, "bloompeer_api_scoring_passes_total", model=model_id) == 1
     for prompt_ids, choice in zip(ids, response.choices):
         last = hf_logprobs(prompt_ids)[-1]
         greedy = int(last.argmax())
@@ -157,7 +157,8 @@ def test_chat_logprobs_equal_transformers(client, model_id, tokenizer, hf_greedy
     if stream:
         chunks = list(response)
         content = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
-        entries = [entry for chunk in chunks if chunk.choices[0].logprobs for entry in chunk.choices[0].logprobs.content]
+        entries = [entry for chunk in chunks if chunk.choices[0].logprobs
+                   for entry in chunk.choices[0].logprobs.content]
     else:
         content, entries = response.choices[0].message.content, response.choices[0].logprobs.content
     assert content == tokenizer.decode(new_ids, skip_special_tokens=True)

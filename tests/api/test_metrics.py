@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from .conftest import scrape
-
-
-def _value(samples, name, **labels) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+from .conftest import sample_value, scrape
 
 
 def test_counters_rise_by_at_least_the_tokens_generated(api, client, model_id):
@@ -19,7 +15,7 @@ def test_counters_rise_by_at_least_the_tokens_generated(api, client, model_id):
     after = scrape(api)
 
     def delta(name, **labels):
-        return _value(after, name, **labels) - _value(before, name, **labels)
+        return sample_value(after, name, **labels) - sample_value(before, name, **labels)
 
     assert generated > 0
     assert delta("bloompeer_api_generated_tokens_total", model=model_id) >= generated
@@ -28,7 +24,7 @@ def test_counters_rise_by_at_least_the_tokens_generated(api, client, model_id):
     assert delta("bloompeer_api_requests_total", endpoint="/v1/chat/completions", code="200") >= 1
     assert delta("bloompeer_api_time_to_first_token_seconds_count", model=model_id) >= 2
     assert delta("bloompeer_api_inter_token_latency_seconds_count", model=model_id) >= generated - 2
-    assert _value(after, "bloompeer_api_generations_in_progress", model=model_id) == 0
+    assert sample_value(after, "bloompeer_api_generations_in_progress", model=model_id) == 0
 
 
 def test_errors_are_counted_by_status_code(api, client):
