@@ -7,16 +7,23 @@ with other work; `python benchmarks/quantization.py`): one row 343 us with float
 118-129 us with 4-bit weights; eight rows 1487 and 409-420 us. A long prefill gains less (512
 rows: 43.4 ms float32 with MKL, 19.2 through oneDNN, 26-28 with 4-bit weights).
 
-What is computed, int8: each row of the input is rounded to int8 steps of its own scale
+What is computed, int8, on the CPU: each row of the input is rounded to int8 steps of its own scale
 (max |x| / 127), multiplied by the int8 weight in integers (torch._int_mm, exact), then scaled by
-both scales in float32: F.linear(round_int8(x), W_deq) plus the bias, up to float32 roundings, and
-the same on every device. Why not the weight-only int8 kernel (torch._weight_int8pack_mm): on the
-CPU it is bound by its arithmetic (one row of the 1024x4096 layer: 297 us on one thread and 149 on
-two, against 186 and 88 for _int_mm and 615 and 323 for float32), and its CUDA kernel is a plain
-loop, one thread per output (aten/src/ATen/native/cuda/int8mm.cu), where _int_mm is cuBLASLt's
-int8 tensor-core GEMM. Quality holds: the demo model's held-out perplexity 31.139 through a swarm
-(float32 31.165). A row's scale is its own, so a row's result does not depend on the others in a
-batch.
+both scales in float32: F.linear(round_int8(x), W_deq) plus the bias, up to float32 roundings. Why
+not the weight-only int8 kernel (torch._weight_int8pack_mm): on the CPU it is bound by its
+arithmetic (one row of the 1024x4096 layer: 297 us on one thread and 149 on two, against 186 and 88
+for _int_mm and 615 and 323 for float32). Quality holds: the demo model's held-out perplexity
+31.139 through a swarm (float32 31.165). A row's scale is its own, so a row's result does not
+depend on the others in a batch.
+
+What is computed, int8, on CUDA: F.linear(x, q) in the activations' dtype, then each output
+channel times its scale: W_deq without its rounding of the input, two elementwise passes and one
+GEMM. Measured on an H200 (one row of the 1024x4096 layer, bfloat16, wall time of the launches,
+2026-12-04): 85 us, against 365 for the CPU's arithmetic through CUDA's _int_mm (its 14 small
+kernels take 25 us of the GPU; launching them takes the rest), 67 for _weight_int8pack_mm (a
+plain loop, one thread per output: 310 us for a 4096x14336 layer, 66 ms for 512 rows of it) and
+44 for bfloat16 F.linear. Its result is closer to float32's than the CPU's (relative error
+4.5e-3 against 9e-3 per layer), and within verification's tolerance of it (tolerance_for).
 
 What is computed, 4-bit: the matmul's input is rounded to bfloat16 (the weight-only kernels' fast
 path: with float32 activations the 4-bit one took 6.4 ms a row), the kernel accumulates in float32
@@ -40,11 +47,12 @@ the 1024x4096 layer 4.5 ms (int8) and 6.5-7.4 ms (4-bit) against 3.2 ms for floa
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
     "DEFAULT_GROUP_SIZE", "GROUP_SIZES", "QUANT_KINDS", "Int4Linear", "Int8Linear", "QuantizedLinear",
-    "check_int4_shape", "check_int8_shape", "check_kernels", "quantize_linears", "stored_weight_nbytes",
+    "check_int4_shape", "check_kernels", "quantize_linears", "stored_weight_nbytes",
 ]
 
 QUANT_KINDS = ("none", "int8", "int4")
@@ -57,9 +65,6 @@ DEFAULT_GROUP_SIZE = 64
 
 _KERNEL_DTYPE = torch.bfloat16
 _INT4_ROWS_MULTIPLE = 16  # the CPU packing needs out_features divisible by 16 (CUDA's needs 8)
-_CUDA_INT_MM_FEWEST_ROWS = 16  # CUDA's _int_mm takes more rows than this ...
-_CUDA_INT8_ROW_TILE = 32  # ... so fewer are padded to this many
-_CUDA_INT8_WIDTH_MULTIPLE = 8  # and both widths a multiple of this
 _SELF_CHECK_SHAPE = (256, 64)  # (in, out): every group size divides 256; 64 rows fill every packing's row block
 # |y - y_float| / |y_float| that a layer of random normal weights may show, at most: measured 0.009-0.011 for
 # int8 and 0.07-0.12 for 4-bit (groups of 32 to 256); a kernel computing something else shows 1 or more
@@ -103,12 +108,11 @@ class QuantizedLinear(nn.Module):
 
 
 class Int8Linear(QuantizedLinear):
-    """int8 weights, one scale per output channel (symmetric), times int8 rows, one scale per row:
-    torch._int_mm, on the CPU and on CUDA."""
+    """int8 weights, one scale per output channel (symmetric): times int8 rows, one scale per row,
+    through torch._int_mm on the CPU; times the rows as they are on CUDA (module docstring)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__(linear.in_features, linear.out_features, linear.bias)
-        check_int8_shape(linear.in_features, linear.out_features, linear.weight.device.type)
         weight = linear.weight.detach().float()
         scales = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny).to(_KERNEL_DTYPE)
         quantized = torch.round(weight / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8)
@@ -116,25 +120,25 @@ class Int8Linear(QuantizedLinear):
         self.register_buffer("scales", scales)  # [out]
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        if rows.device.type == "cuda":
+            return self.weight_only_matmul(rows)
+        return self.integer_matmul(rows)
+
+    def integer_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        """The CPU's arithmetic: rows rounded to int8, an exact integer product, both scales in float32."""
         rows32 = rows.float()
         row_scales = rows32.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny) / 127
         quantized = torch.round(rows32 / row_scales).to(torch.int8)
-        products = _int8_products(quantized, self.weight_int8.t())  # [in, out] column-major: no copy
+        products = torch._int_mm(quantized, self.weight_int8.t())  # [in, out] column-major: no copy
         return (products.float() * row_scales * self.scales.float()).to(rows.dtype)
+
+    def weight_only_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        """CUDA's arithmetic: the integer weights in the rows' dtype (exact: |q| <= 127), one GEMM, then
+        the output channels' scales; few launches, which bound a small layer's time on a GPU."""
+        return F.linear(rows, self.weight_int8.to(rows.dtype)).mul_(self.scales)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return (self.weight_int8.float() * self.scales.float()[:, None]).to(dtype)
-
-
-def _int8_products(rows: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
-    """int8 rows [n, in] @ int8 weight_t [in, out] -> the exact int32 products [n, out]. CUDA's
-    _int_mm (cuBLASLt) takes more than 16 rows: fewer are padded to a tile of 32 zero rows, which
-    cost nothing measurable where reading the weights bounds the pass."""
-    if rows.device.type == "cuda" and len(rows) <= _CUDA_INT_MM_FEWEST_ROWS:
-        padded = torch.zeros(_CUDA_INT8_ROW_TILE, rows.shape[1], dtype=rows.dtype, device=rows.device)
-        padded[: len(rows)] = rows
-        return torch._int_mm(padded, weight_t)[: len(rows)]
-    return torch._int_mm(rows, weight_t)
 
 
 class Int4Linear(QuantizedLinear):
@@ -230,13 +234,6 @@ def check_kernels(kind: str, device: torch.device | str, group_size: int = DEFAU
                            f"stays within {_SELF_CHECK_BOUNDS[kind]:.0%}")
 
 
-def check_int8_shape(in_features: int, out_features: int, device_type: str) -> None:
-    """Raise ValueError where int8 cannot take a layer of this shape on this device."""
-    if device_type == "cuda" and (in_features % _CUDA_INT8_WIDTH_MULTIPLE or out_features % _CUDA_INT8_WIDTH_MULTIPLE):
-        raise ValueError(f"a layer of {in_features} inputs and {out_features} outputs cannot be computed in int8 "
-                         f"on CUDA (its kernel needs both a multiple of {_CUDA_INT8_WIDTH_MULTIPLE})")
-
-
 def check_int4_shape(in_features: int, out_features: int, group_size: int) -> None:
     """Raise ValueError where the 4-bit kernels cannot take a layer of this shape."""
     if group_size not in GROUP_SIZES:
@@ -282,8 +279,8 @@ def _pack_int4(quantized: torch.Tensor, device: torch.device) -> torch.Tensor:
         return torch._convert_weight_to_int4pack_for_cpu(quantized, 2)  # inner_k_tiles: unused on the CPU
     # CUDA takes two values a byte, the even input in the high nibble, then tiles them for its
     # tensor cores, with as many k-tiles of 16 inputs innermost (2, 4 or 8) as the width allows.
-    # Written from the kernel's source (aten/src/ATen/native/cuda/int4mm.cu, torch 2.13) and not
-    # run: no GPU was at hand.
+    # Written from the kernel's source (aten/src/ATen/native/cuda/int4mm.cu, torch 2.13); run on an
+    # H200 with torch 2.11 (scripts/device_check.sh, 2026-12-04).
     nibbles = ((quantized[:, ::2] << 4) | quantized[:, 1::2]).to(torch.uint8).to(device)
     inner_k_tiles = next(tiles for tiles in (8, 4, 2) if quantized.shape[1] % (tiles * 16) == 0)
     return torch._convert_weight_to_int4pack(nibbles.contiguous(), inner_k_tiles)

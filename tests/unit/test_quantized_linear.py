@@ -10,7 +10,8 @@ bfloat16 (unit roundoff 2^-8), and the bias added in float32. So, element by ele
 A wrong scale, zero, packing or group would miss that by orders of magnitude.
 
 The tests run on the CPU, and on a GPU with BLOOMPEER_TEST_DEVICE=cuda (scripts/device_check.sh):
-there int8 goes through CUDA's _int_mm and 4-bit through CUDA's own packing and kernel, which
+there int8 is CUDA's weight-only arithmetic (F.linear on the integer weights, then the scales) and
+4-bit goes through CUDA's own packing and kernel, which
 dequantizes in bfloat16 (aten/src/ATen/native/cuda/int4mm.cu: one bfloat16 fma per weight), so each
 weight may move by one bfloat16 rounding (2^-8 of itself) from the float32 that the CPU uses, and
 its tensor cores may truncate where the CPU rounds (u = 2^-23).
@@ -75,12 +76,23 @@ def kernel_dequantized(layer: QuantizedLinear, weight: torch.Tensor) -> torch.Te
     return hand_dequantized(layer, weight)
 
 
-def hand_output(rows: torch.Tensor, dequantized: torch.Tensor, bias: torch.Tensor, kind: str) -> torch.Tensor:
-    """int8: each row rounded to int8 steps of its own scale (max |x| / 127), float32 product; 4-bit:
-    bfloat16 input, float32 product rounded to bfloat16 as the kernel's output is. Plus the bias;
-    the roundings pass gradients straight through, as the layer's backward does."""
-    if kind == "int8":
+INT8_ARITHMETIC = "int8-weight-only" if ON_CUDA else "int8-rows"  # what Int8Linear computes on DEVICE
+
+
+def arithmetic(kind: str) -> str:
+    """How a layer of `kind` computes on DEVICE: the names hand_output takes."""
+    return INT8_ARITHMETIC if kind == "int8" else kind
+
+
+def hand_output(rows: torch.Tensor, dequantized: torch.Tensor, bias: torch.Tensor, how: str) -> torch.Tensor:
+    """int8-rows (the CPU's int8): each row rounded to int8 steps of its own scale (max |x| / 127),
+    float32 product; int8-weight-only (CUDA's): the float32 product with the dequantized weight;
+    int4: bfloat16 input, float32 product rounded to bfloat16 as the kernel's output is. Plus the
+    bias; the roundings pass gradients straight through, as the layer's backward does."""
+    if how == "int8-rows":
         output = F.linear(_int8_rows_rounded(rows), dequantized)
+    elif how == "int8-weight-only":
+        output = F.linear(rows.float(), dequantized)
     else:
         output = _bfloat16_rounded(F.linear(_bfloat16_rounded(rows), dequantized))
     return output if bias is None else output + bias
@@ -95,14 +107,22 @@ def _int8_rows_rounded(values: torch.Tensor) -> torch.Tensor:
     return values + (torch.round(values / scales) * scales - values).detach()
 
 
-def assert_within_derived_bound(ours, hand, rows, dequantized, kind):
-    """int8: the integer sum is exact, then converted and scaled twice (3 roundings of u = 2^-24);
-    the hand side rounds q * scale and each product and sum (2 gamma_K + 2u of sum |x||w|)."""
+def assert_within_derived_bound(ours, hand, rows, dequantized, how):
+    """int8-rows: the integer sum is exact, then converted and scaled twice (3 roundings of u = 2^-24);
+    the hand side rounds q * scale and each product and sum (2 gamma_K + 2u of sum |x||w|).
+    int8-weight-only: both sides sum in float32 in different orders (2 gamma_K), the hand side's
+    q * scale is rounded (u), and ours scales its sum (u). Outputs in bfloat16 (int8 only) add their
+    roundings: 2^-9 each, one for int8-rows and two for int8-weight-only (its sum, then scaled)."""
     terms, u = rows.shape[-1], 2**-23 if ON_CUDA else 2**-24
     gamma = terms * u / (1 - terms * u)
-    if kind == "int8":
+    in_bfloat16 = ours.dtype == torch.bfloat16 and how != "int4"
+    rows, ours = rows.float(), ours.float()
+    if how == "int8-rows":
         magnitude = F.linear(_int8_rows_rounded(rows).abs(), dequantized.abs())
-        bound = (2 * gamma + 2 * u) * magnitude + 4 * u * (ours.abs() + hand.abs())
+        bound = (2 * gamma + 2 * u) * magnitude + (2**-9 if in_bfloat16 else 4 * u) * (ours.abs() + hand.abs())
+    elif how == "int8-weight-only":
+        magnitude = F.linear(rows.abs(), dequantized.abs())
+        bound = (2 * gamma + u) * magnitude + (2**-8 if in_bfloat16 else 2 * u) * (ours.abs() + hand.abs())
     else:
         magnitude = F.linear(rows.bfloat16().float().abs(), dequantized.abs())
         bound = 2 * gamma * magnitude + (2**-8 + 2**-23) * (ours.abs() + hand.abs())
@@ -129,8 +149,26 @@ def test_output_is_the_same_arithmetic_done_by_hand(float_layer, kind, group_siz
     rows = torch.randn(shape).to(DEVICE)
     ours = layer(rows)
     assert ours.shape == (*shape[:-1], OUT_FEATURES) and ours.dtype == torch.float32
-    hand = hand_output(rows, dequantized, float_layer.bias, kind)
-    assert_within_derived_bound(ours, hand, rows, dequantized, kind)
+    hand = hand_output(rows, dequantized, float_layer.bias, arithmetic(kind))
+    assert_within_derived_bound(ours, hand, rows, dequantized, arithmetic(kind))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("how", ["int8-rows", "int8-weight-only"])
+@torch.no_grad()
+def test_each_int8_arithmetic_is_the_one_done_by_hand(float_layer, how, dtype):
+    """Both, wherever the tests run (CUDA's too in CI): the CPU's through _int_mm, CUDA's weight-only."""
+    if ON_CUDA and how == "int8-rows":
+        pytest.skip("the CPU's arithmetic: CUDA's _int_mm takes no fewer than 17 rows")
+    layer = Int8Linear(float_layer)
+    dequantized = hand_dequantized(layer, float_layer.weight)
+    torch.manual_seed(1)
+    rows = torch.randn(8, IN_FEATURES).to(DEVICE, dtype)
+    matmul = layer.integer_matmul if how == "int8-rows" else layer.weight_only_matmul
+    ours = matmul(rows)
+    assert ours.dtype == dtype
+    hand = hand_output(rows.float(), dequantized, None, how)
+    assert_within_derived_bound(ours, hand, rows, dequantized, how)
 
 
 @pytest.mark.parametrize(("kind", "group_size"), KINDS, ids=KIND_IDS)
@@ -225,7 +263,7 @@ class _HandLinear(nn.Module):
         self.dequantized, self.bias, self.kind = dequantized, bias, kind
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        return hand_output(rows, self.dequantized, self.bias, self.kind)
+        return hand_output(rows, self.dequantized, self.bias, arithmetic(self.kind))
 
 
 def _quantized_span_and_hand_reference(kind: str, family: str) -> tuple[BlockSpan, BlockSpan, BlockSpan]:

@@ -3,9 +3,9 @@ memory plan need: the hook that quantizes each block as the checkpoint is read (
 weights of the whole span never sit in memory at once), and the bytes one block takes stored so.
 
 The layers and kernels are blocks/quantized_linear.py's. On a CUDA device the hook runs after the
-block was moved there (Checkpoint.load_span), so int8 weights go to torch._int_mm's CUDA kernel
-and 4-bit ones are packed for torch._weight_int4pack_mm; that path is written from the kernels'
-sources, and tests/unit/test_quantized_linear.py runs there with BLOOMPEER_TEST_DEVICE=cuda.
+block was moved there (Checkpoint.load_span), so int8 weights sit on the GPU for CUDA's GEMM and
+4-bit ones are packed for torch._weight_int4pack_mm; tests/unit/test_quantized_linear.py runs
+there with BLOOMPEER_TEST_DEVICE=cuda (scripts/device_check.sh).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn
 
 from ...blocks import Checkpoint
 from ...blocks.quantized_linear import (
-    check_int4_shape, check_int8_shape, check_kernels, quantize_linears, stored_weight_nbytes,
+    check_int4_shape, check_kernels, quantize_linears, stored_weight_nbytes,
 )
 
 __all__ = ["WeightStorage"]
@@ -56,24 +56,18 @@ class WeightStorage:
         or PyTorch's kernels for it do not compute right there."""
         if self.kind == "none":
             return
-        for layer in _linears(checkpoint):
-            try:
-                if self.kind == "int4":
+        if self.kind == "int4":  # int8 takes any width
+            for layer in _linears(checkpoint):
+                try:
                     check_int4_shape(layer.in_features, layer.out_features, self.group_size)
-                else:
-                    check_int8_shape(layer.in_features, layer.out_features, torch.device(device).type)
-            except ValueError as exc:
-                raise ValueError(f"--quant {self.kind}: {exc} ({self._instead(shape=True)})") from None
+                except ValueError as exc:
+                    raise ValueError(f"--quant int4: {exc} (--quant-group-size, or --quant int8)") from None
         try:
             check_kernels(self.kind, device, self.group_size)
         except RuntimeError as exc:
+            instead = "--quant int8, or --quant none" if self.kind == "int4" else "--quant none, or --device cpu"
             raise ValueError(f"--quant {self.kind} does not compute on {_device_name(device)}: {exc} "
-                             f"({self._instead(shape=False)})") from None
-
-    def _instead(self, shape: bool) -> str:
-        if self.kind == "int4":
-            return "--quant-group-size, or --quant int8" if shape else "--quant int8, or --quant none"
-        return "--quant none, or --device cpu"
+                             f"({instead})") from None
 
     def block_nbytes(self, checkpoint: Checkpoint, dtype: torch.dtype) -> int:
         """Bytes of one block's parameters and buffers as stored: linear weights in this format, the rest
