@@ -264,7 +264,7 @@ def bench_model(name: str, args: argparse.Namespace) -> tuple[dict[tuple[str, st
                 config = ClientConfig(NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True),
                                       request_timeout_s=120.0)
                 if "light" in args.clients:
-                    client = SwarmClient.connect(open_checkpoint(path), torch.float32, config)
+                    client = SwarmClient.connect(open_checkpoint(path), config)
                     try:
                         light_clients(client, spec["hidden_size"], 1, 4, pid)  # warm-up: route, connections
                         for round_index, sessions in _rounds(args):

@@ -62,6 +62,19 @@ def test_a_lie_is_caught_in_a_session_with_deep_prompts(swarm, fresh_model, star
         assert _generate(model).tolist() == tokens.tolist()  # again, with the liar banned from the start
 
 
+def test_a_bfloat16_server_is_checked_only_against_bfloat16_arithmetic(swarm, fresh_model, start_servers):
+    """bfloat16 and float32 outputs differ by about a lie's size (ServerRecord.arithmetic): a lying
+    bfloat16 server is caught against the client's own blocks in bfloat16, and neither the honest
+    bfloat16 server nor the float32 one is blamed for differing from each other."""
+    bfloat16 = ("--dtype", "bfloat16")
+    liar = start_servers([(0, 4)], *FAST, *bfloat16, program=LIAR)[0]
+    start_servers([(0, 4)], *SLOW, *bfloat16)
+    start_servers([(0, 4)], *SLOW)
+    with swarm_client(swarm, fresh_model, verify_fraction=1.0, request_timeout_s=30.0) as model:
+        _generate(model)
+        assert _blamed(model) == {liar.peer_id_str}
+
+
 def test_without_verification_the_lie_goes_through(swarm, fresh_model, start_servers, reference_model):
     """The control experiment: unchecked, the liar's outputs reach the client."""
     liar = start_servers([(0, 4)], *FAST, program=LIAR)[0]

@@ -31,7 +31,7 @@ class CountedCheckpoint:
 
 def test_two_checks_needing_the_same_blocks_at_once_load_them_once():
     checkpoint = CountedCheckpoint()
-    local = LocalBlocks(checkpoint, torch.float32)
+    local = LocalBlocks(checkpoint)
     outputs = {}
 
     def check(name: str) -> None:

@@ -62,28 +62,28 @@ class SwarmClient:
         return asyncio.create_task(self.swarm.keep_fresh(), name="bloompeer-swarm-view")
 
     @classmethod
-    def connect(cls, checkpoint: Checkpoint, dtype: torch.dtype, config: ClientConfig) -> SwarmClient:
+    def connect(cls, checkpoint: Checkpoint, config: ClientConfig) -> SwarmClient:
         """Join the swarm as a client of `checkpoint`'s model (only servers with its fingerprint are used)."""
-        return cls.start_connecting(checkpoint, dtype, config).result()
+        return cls.start_connecting(checkpoint, config).result()
 
     @classmethod
-    def start_connecting(cls, checkpoint: Checkpoint, dtype: torch.dtype, config: ClientConfig) -> Connecting:
+    def start_connecting(cls, checkpoint: Checkpoint, config: ClientConfig) -> Connecting:
         """connect(), begun now: the network peer (a libp2p daemon and a DHT node, a good part of a
         second) starts on the client's loop thread while the caller goes on (from_pretrained loads
         its tensors meanwhile); the result's result() finishes it."""
         runtime = ClientRuntime()
         return Connecting(runtime, runtime.submit(PeerNode.create(config.network)),
-                          lambda node: cls._joined(runtime, node, checkpoint, dtype, config))
+                          lambda node: cls._joined(runtime, node, checkpoint, config))
 
     @classmethod
-    def _joined(cls, runtime: ClientRuntime, node: PeerNode, checkpoint: Checkpoint, dtype: torch.dtype,
+    def _joined(cls, runtime: ClientRuntime, node: PeerNode, checkpoint: Checkpoint,
                 config: ClientConfig) -> SwarmClient:
         view = SwarmView(node.p2p, node.directory, checkpoint.model_uid, checkpoint.config().num_hidden_layers,
                          checkpoint.fingerprint(), config.swarm_refresh_period_s, trusted=config.trusted_servers,
                          quant_allowed=config.quant_allowed)
         verifier = None
         if config.verify_fraction > 0:
-            local = LocalBlocks(checkpoint, dtype) if checkpoint.local_dir is not None else None
+            local = LocalBlocks(checkpoint) if checkpoint.local_dir is not None else None
             verifier = OutputVerifier(node.p2p, view, config, local)
         return cls(runtime, node, view, config, verifier)
 

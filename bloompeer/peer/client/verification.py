@@ -6,9 +6,10 @@ checkpoint), compared with what the span's server returned for the new tokens. I
 disagree, a third computation decides who is wrong; without one, neither is trusted. A server
 found wrong is banned for the rest of the session and its work is redone on another route.
 
-Only servers that store their weights the same way (none, int8, or int4 with the same group size)
-are compared: an int8 server's honest outputs differ from a float one's by far more than a lie's
-threshold allows for float32. The client's own recomputation quantizes its blocks the same way.
+Only servers that compute alike are compared: that store their weights the same way (none, int8,
+or int4 with the same group size) and compute in the same dtype (ServerRecord.arithmetic). An
+int8 server's honest outputs differ from a float one's, and a bfloat16 server's from a float32
+one's, by as much as a lie does. The client's own recomputation loads its blocks the same way.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from ...blocks import BlockSpan, Checkpoint
 from ...blocks.quantized_linear import DEFAULT_GROUP_SIZE, quantize_linears
-from ...p2p import P2P, RemoteError
+from ...p2p import P2P, WIRE_DTYPES, RemoteError
 from .config import ClientConfig
 from .health import MISBEHAVIOR_BAN_S
 from .routing import SpanRoute
@@ -36,6 +37,7 @@ __all__ = ["LocalBlocks", "OutputVerifier", "relative_error", "tolerance_for"]
 logger = logging.getLogger(__name__)
 
 LOCAL_MAX_BLOCKS = 8  # the client recomputes at most this many blocks itself
+Arithmetic = tuple[str, int, str]  # ServerRecord.arithmetic: (quant, group size, dtype)
 
 
 def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
@@ -45,10 +47,13 @@ def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def tolerance_for(dtype: torch.dtype, quantized: bool = False) -> float:
-    """How far an honest recomputation may drift: a full forward and a step-by-step decode round
-    differently, by far less than this in float32; half precisions drift more, and so do quantized
-    weights, whose kernels round each layer's input and output to bfloat16 (a flipped rounding is
-    2^-8 of a value) and sum in an order that depends on the rows computed together."""
+    """How far an honest recomputation in the same arithmetic (ServerRecord.arithmetic) may drift: a
+    full forward and a step-by-step decode round differently, by far less than this in float32; half
+    precisions drift more, and so do quantized weights, whose kernels round each layer's input and
+    output to bfloat16 (a flipped rounding is 2^-8 of a value) and sum in an order that depends on
+    the rows computed together. The same span in bfloat16 on an H200 and on the CPU differed by
+    0.9-1.6 % (none), 2.0-2.8 % (int8, whose CUDA arithmetic is weight-only) and 1.1-1.7 % (int4),
+    over 6 to 24 blocks (scripts/device_check.sh's machine, 2026-12-04); the test's lie is 5 %."""
     return 1e-3 if dtype == torch.float32 and not quantized else 3e-2
 
 
@@ -59,30 +64,32 @@ class LocalBlocks:
     first thread that needs it, while the others that need it wait for that load (a lock per span,
     so that loading one span does not hold up checks that use another)."""
 
-    def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype):
-        self.checkpoint, self.dtype = checkpoint, dtype
-        self._spans: dict[tuple[int, int, tuple[str, int]], BlockSpan] = {}
+    def __init__(self, checkpoint: Checkpoint):
+        self.checkpoint = checkpoint
+        self._spans: dict[tuple[int, int, Arithmetic], BlockSpan] = {}
         self._lock = threading.Lock()  # guards _loading
-        self._loading: dict[tuple[int, int, tuple[str, int]], threading.Lock] = {}
+        self._loading: dict[tuple[int, int, Arithmetic], threading.Lock] = {}
 
     def forward(self, start: int, end: int, hidden: torch.Tensor, padding_mask: torch.Tensor | None,
-                prompts: torch.Tensor | None, storage: tuple[str, int] = ("none", 0)) -> torch.Tensor:
-        """storage: (quant, group size) as the checked server announces them; the blocks are quantized so."""
-        span = self._span(start, end, storage)
-        prompts = None if prompts is None else prompts.to(self.dtype)
+                prompts: torch.Tensor | None, arithmetic: Arithmetic = ("none", 0, "float32")) -> torch.Tensor:
+        """arithmetic: (quant, group size, dtype) as the checked server announces them; the blocks are
+        loaded in that dtype and quantized so."""
+        span = self._span(start, end, arithmetic)
+        dtype = WIRE_DTYPES[arithmetic[2]]
+        prompts = None if prompts is None else prompts.to(dtype)
         with torch.inference_mode():
-            return span(hidden.to(self.dtype), padding_mask, prompts=prompts).to(hidden.dtype)
+            return span(hidden.to(dtype), padding_mask, prompts=prompts).to(hidden.dtype)
 
-    def _span(self, start: int, end: int, storage: tuple[str, int]) -> BlockSpan:
-        key = (start, end, storage)
+    def _span(self, start: int, end: int, arithmetic: Arithmetic) -> BlockSpan:
+        key = (start, end, arithmetic)
         with self._lock:
             loading = self._loading.setdefault(key, threading.Lock())
         with loading:
             if key not in self._spans:
-                quant, group_size = storage
+                quant, group_size, dtype = arithmetic
                 hook = None if quant == "none" else lambda block: quantize_linears(block, quant,
                                                                                  group_size or DEFAULT_GROUP_SIZE)
-                self._spans[key] = self.checkpoint.load_span(start, end, self.dtype, prepare_block=hook)
+                self._spans[key] = self.checkpoint.load_span(start, end, WIRE_DTYPES[dtype], prepare_block=hook)
             return self._spans[key]
 
 
@@ -104,14 +111,14 @@ class OutputVerifier:
         Empty if the output checks out, or if nobody else can compute these blocks.
         """
         num_new, primary = output.shape[1], route.peer_id_str
-        storage = self._storage_of(route)
-        opinion = functools.partial(self._opinion, route, inputs, padding_mask, prompts, storage)
+        arithmetic = self._arithmetic_of(route)
+        opinion = functools.partial(self._opinion, route, inputs, padding_mask, prompts, arithmetic)
         second = await opinion({primary})
         if second is None:
             logger.debug("No second opinion available for blocks %d:%d", route.start, route.end)
             return set()
         checker, checked = second[0], second[1][:, -num_new:]
-        tolerance = tolerance_for(output.dtype, quantized=storage[0] != "none")
+        tolerance = tolerance_for(WIRE_DTYPES[arithmetic[2]], quantized=arithmetic[0] != "none")
         error = relative_error(output, checked)
         if error <= tolerance:
             return set()
@@ -129,21 +136,21 @@ class OutputVerifier:
                                       f"(relative error {error:.3g})", duration_s=MISBEHAVIOR_BAN_S)
         return liars
 
-    def _storage_of(self, route: SpanRoute) -> tuple[str, int] | None:
-        """How the route's server stores its weights, as its record says (None: no record seen)."""
+    def _arithmetic_of(self, route: SpanRoute) -> Arithmetic | None:
+        """How the route's server computes, as its record says (None: no record seen)."""
         for record in self.swarm.servers.get(route.start, []):
             if record.peer_id == route.peer_id_str:
-                return record.weight_storage
+                return record.arithmetic
         return None
 
     async def _opinion(self, route: SpanRoute, inputs: torch.Tensor, padding_mask: torch.Tensor | None,
-                       prompts: torch.Tensor | None, storage: tuple[str, int] | None,
+                       prompts: torch.Tensor | None, arithmetic: Arithmetic | None,
                        exclude: Collection[str]) -> tuple[str, torch.Tensor] | None:
-        """("peer id" or "local", output of blocks [start, end) for `inputs` from weights stored as
-        `storage`), or None if nobody else can."""
-        if storage is None:
+        """("peer id" or "local", output of blocks [start, end) for `inputs` computed as `arithmetic`
+        says), or None if nobody else can."""
+        if arithmetic is None:
             return None
-        for peer in self._servers_covering(route, exclude, storage):
+        for peer in self._servers_covering(route, exclude, arithmetic):
             try:
                 piece = SpanRoute(peer, route.start, route.end)
                 return peer, await remote_forward(self.p2p, piece, self.swarm.model_uid, inputs, padding_mask,
@@ -152,14 +159,14 @@ class OutputVerifier:
                 logger.debug("Could not get a second opinion from %s: %s", peer, exc)
         if self.local is not None and "local" not in exclude and route.end - route.start <= LOCAL_MAX_BLOCKS:
             output = await asyncio.get_running_loop().run_in_executor(
-                None, self.local.forward, route.start, route.end, inputs, padding_mask, prompts, storage)
+                None, self.local.forward, route.start, route.end, inputs, padding_mask, prompts, arithmetic)
             return "local", output
         return None
 
-    def _servers_covering(self, route: SpanRoute, exclude: Collection[str], storage: tuple[str, int]) -> list[str]:
-        """Servers announcing all of the route's blocks, storing their weights as `storage`, nearest first."""
+    def _servers_covering(self, route: SpanRoute, exclude: Collection[str], arithmetic: Arithmetic) -> list[str]:
+        """Servers announcing all of the route's blocks, computing as `arithmetic` says, nearest first."""
         banned = self.swarm.bans.banned()
         peers = {r.peer_id for r in self.swarm.servers.get(route.start, [])
                  if r.start <= route.start and route.end <= r.end and r.peer_id not in exclude
-                 and r.peer_id not in banned and r.weight_storage == storage}
+                 and r.peer_id not in banned and r.arithmetic == arithmetic}
         return sorted(peers, key=lambda peer: self.swarm.rtts_s.get(peer, float("inf")))
