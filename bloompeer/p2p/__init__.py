@@ -51,6 +51,7 @@ _LAZY = {
     "PushStep": ".messages",
     "PushTarget": ".messages",
     "QUANT_KINDS": ".records",
+    "SERVER_DTYPES": ".records",
     "RELAY_SLOTS": ".relays",
     "RelaySlots": ".relays",
     "RemoteError": ".errors",

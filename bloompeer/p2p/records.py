@@ -13,11 +13,10 @@ from typing import Any
 
 from .errors import ProtocolError
 from .maddrs import check_circuit_maddr, check_peer_maddr, peer_id_in
-from .tensors import FLOAT_DTYPES
 
 __all__ = [
     "INT4_GROUP_SIZES", "MAX_PUSH_RTTS", "MAX_RELAY_MADDRS", "MAX_RTT_S", "QUANT_KINDS", "RequestLimits",
-    "ServerState", "ServerRecord", "block_key",
+    "SERVER_DTYPES", "ServerState", "ServerRecord", "block_key",
 ]
 
 MAX_PUSH_RTTS = 16  # servers a record may name round trips to (its nearest possible next hops)
@@ -27,6 +26,9 @@ MAX_RELAY_MADDRS = 4  # addresses in relay_maddrs, and relays in via_relays
 # blocks/quantized_linear.py (the kernels'), which p2p does not import; tests/unit/test_records.py pins them
 QUANT_KINDS = ("none", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)
+# The dtypes a server computes in: tensors.FLOAT_DTYPES, named here so that records (and the command
+# line that reads them) need no torch; tests/unit/test_records.py pins them
+SERVER_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ServerState(str, Enum):
@@ -122,7 +124,7 @@ class ServerRecord:
             "end": lambda v: type(v) is int and v > value["start"],  # start is checked first
             "throughput": lambda v: type(v) in (int, float) and math.isfinite(v) and v >= 0,
             "cache_tokens_left": lambda v: type(v) is int and v >= 0,
-            "dtype": lambda v: isinstance(v, str) and v in FLOAT_DTYPES,
+            "dtype": lambda v: isinstance(v, str) and v in SERVER_DTYPES,
             "version": lambda v: isinstance(v, str) and len(v) <= 64,
             "weights_fingerprint": lambda v: isinstance(v, str) and len(v) <= 128,
             "relayed": lambda v: type(v) is bool,

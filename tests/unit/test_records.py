@@ -4,7 +4,8 @@ import pytest
 
 from bloompeer.blocks.quantized_linear import GROUP_SIZES, QUANT_KINDS
 from bloompeer.p2p import (
-    INT4_GROUP_SIZES, MAX_PUSH_RTTS, ProtocolError, RequestLimits, ServerRecord, ServerState, block_key,
+    FLOAT_DTYPES, INT4_GROUP_SIZES, MAX_PUSH_RTTS, SERVER_DTYPES, ProtocolError, RequestLimits, ServerRecord,
+    ServerState, block_key,
 )
 from bloompeer.p2p import QUANT_KINDS as WIRE_QUANT_KINDS
 
@@ -45,6 +46,7 @@ def test_the_weight_storage_travels_and_records_before_the_fields_read_as_none()
     assert "quant" not in RECORD.to_wire() and "quant_group_size" not in RECORD.to_wire()  # as before the fields
     assert ServerRecord.from_wire(RECORD.to_wire()).arithmetic == ("none", 0, "float32")
     assert (WIRE_QUANT_KINDS, INT4_GROUP_SIZES) == (QUANT_KINDS, GROUP_SIZES)  # the wire's list is the kernels'
+    assert set(SERVER_DTYPES) == FLOAT_DTYPES  # a record's dtypes are the wire's float dtypes
 
 
 @pytest.mark.parametrize("storage", [
