@@ -8,12 +8,13 @@ and no extra process is left behind if this one dies.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P, P2PDaemonError
@@ -41,40 +42,36 @@ class PeerNode:
         self.p2p, self.dht, self.directory = p2p, dht, directory
         self.relaying = relaying  # the daemon relays for peers behind NAT
         self.join_seconds: dict[str, float] = {}  # how long each step of create() took, for startup logs
-        self.identity_path: str | None = None
-        self._temporary_identity: tempfile.TemporaryDirectory | None = None  # removed at shutdown
+        self.identity_path: str | None = None  # the key file a restart reads (config.identity_path)
+        self._ephemeral_key: bytes | None = None  # or a key for this process's life, kept in memory only
         self._closed = False
 
     @classmethod
     async def create(cls, config: NetworkConfig, announcing: bool = False) -> PeerNode:
         """Start the daemon and join the DHT. A peer that announces records (a server) gets an RSA
-        identity, from config.identity_path or a new one for this process's life, and signs with it."""
-        temporary = None
-        if announcing and config.identity_path is None:
-            temporary = tempfile.TemporaryDirectory(prefix="bloompeer-identity-")
-            config = dataclasses.replace(config, identity_path=os.path.join(temporary.name, "identity.key"))
-        try:
-            node = await cls._start(config, announcing, check_identity=True)
-        except BaseException:
-            if temporary is not None:
-                temporary.cleanup()
-            raise
-        node._temporary_identity = temporary
+        identity, from config.identity_path or a new one for this process's life, and signs with it.
+        A new one lives in memory: its file exists only while a daemon starts, so that a process
+        killed later (SIGKILL, the OOM killer) leaves no private key behind in the temp directory."""
+        if not announcing or config.identity_path is not None:
+            return await cls._start(config, announcing, check_identity=True)
+        with _key_file(None) as path:
+            node = await cls._start(dataclasses.replace(config, identity_path=path), announcing, check_identity=True)
+            with open(path, "rb") as file:
+                node._ephemeral_key = file.read()
+        node.identity_path = None
         return node
 
     async def rejoin(self, config: NetworkConfig) -> PeerNode:
         """This peer, with the same identity, on a new daemon started with `config` (e.g. other
         relays): this node shuts down first (its connections and streams end), then the new one
         starts. Raises NetworkError if it cannot; this node is shut down either way."""
-        temporary, self._temporary_identity = self._temporary_identity, None
-        config = dataclasses.replace(config, identity_path=self.identity_path)
+        path, key = self.identity_path, self._ephemeral_key
         await self.shutdown()
-        try:
-            node = await self._start(config, announcing=self.identity_path is not None, check_identity=False)
-        except BaseException:
-            self._temporary_identity = temporary  # kept for another try; removed by this node's shutdown
-            raise
-        node._temporary_identity = temporary
+        announcing = path is not None or key is not None
+        with _key_file(key) if key is not None else contextlib.nullcontext(path) as identity_path:
+            node = await self._start(dataclasses.replace(config, identity_path=identity_path), announcing,
+                                     check_identity=False)
+        node.identity_path, node._ephemeral_key = path, key
         return node
 
     @classmethod
@@ -148,7 +145,6 @@ class PeerNode:
         shutdown talks to the daemon and would wait forever for one that already died (as it does
         when a whole process group gets SIGTERM)."""
         if self._closed:
-            self._remove_temporary_identity()
             return
         self._closed = True
         try:
@@ -158,9 +154,15 @@ class PeerNode:
             logger.warning("The DHT node did not stop within %.0f s; stopping the daemon anyway", SHUTDOWN_TIMEOUT_S)
         finally:
             await self.p2p.shutdown()
-            self._remove_temporary_identity()
 
-    def _remove_temporary_identity(self) -> None:
-        if self._temporary_identity is not None:
-            self._temporary_identity.cleanup()
-            self._temporary_identity = None
+
+@contextlib.contextmanager
+def _key_file(key: bytes | None) -> Iterator[str]:
+    """The path of a private temporary file holding `key` (None: no file yet, for hivemind to write
+    a new RSA identity there), removed with its directory on leaving."""
+    with tempfile.TemporaryDirectory(prefix="bloompeer-identity-") as directory:
+        path = os.path.join(directory, "identity.key")
+        if key is not None:
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+                file.write(key)
+        yield path
