@@ -85,8 +85,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quant", default=defaults.quant, choices=["none", "int8", "int4"],
                         help="store the blocks' linear weights as int8 (one scale per output channel, about 0.26x "
                              "float32's bytes) or 4-bit (groups of --quant-group-size inputs, about 0.14x), quantized "
-                             "as each block loads and computed by PyTorch's own kernels (for int8, inputs rounded "
-                             "to int8 on the CPU, as they are on CUDA; bfloat16 inputs for 4-bit); faster decode "
+                             "as each block loads and computed by PyTorch's own kernels (int8: inputs rounded to int8 "
+                             "on the CPU, kept in --dtype on CUDA; 4-bit: bfloat16 inputs); faster decode "
                              "steps on the CPU, more blocks but not more speed on a GPU; outputs close to float's "
                              "but not equal (clients may refuse them with --quant-allowed). Norms, biases and the "
                              "cache stay in --dtype (default: none)")
