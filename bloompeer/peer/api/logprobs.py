@@ -19,11 +19,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .decoding import INCOMPLETE_CHARACTER
+from .decoding import CONTEXT_TOKENS, INCOMPLETE_CHARACTER
 
 __all__ = ["TokenLogprob", "TokenTexts", "chat_logprobs", "completion_logprobs", "top_alternatives"]
-
-CONTEXT_TOKENS = 6  # tokens decoded before each one: enough for any UTF-8 character split over byte tokens
 
 
 @dataclass(frozen=True)
