@@ -58,6 +58,18 @@ def test_blocks_are_counted_as_stored(checkpoint, memory):
     assert "as int4 (groups of 64)" in str(int4) and "fixed overhead" in str(int4)
 
 
+def test_int8_on_cuda_counts_the_copy_of_its_largest_layer_it_computes_from(checkpoint, memory):
+    memory(10_000 * MIB)
+    largest = 256 * 1024 * 2  # the demo model's MLP layer (hidden 256, 4x), in bfloat16
+    on_cuda = plan_memory(_config(cache_tokens=64, device="cuda:0", dtype="bfloat16"), checkpoint, 6,
+                          WeightStorage("int8", 64))
+    assert on_cuda.copy_bytes == largest and on_cuda.total_bytes == (
+        6 * on_cuda.block_bytes + largest + on_cuda.cache_bytes + on_cuda.fixed_bytes)
+    for device, kind in [("cpu", "int8"), ("cuda:0", "int4"), ("cuda:0", "none")]:  # from the stored weights
+        plan = plan_memory(_config(cache_tokens=64, device=device), checkpoint, 6, WeightStorage(kind, 64))
+        assert plan.copy_bytes == 0
+
+
 def test_a_bare_num_blocks_serves_as_many_blocks_as_fit(checkpoint, memory):
     none, int8 = WeightStorage("none", 64), WeightStorage("int8", 64)
     block = none.block_nbytes(checkpoint, torch.float32)

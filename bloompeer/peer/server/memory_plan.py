@@ -86,7 +86,7 @@ class MemoryPlan:
     num_blocks: int
     block_bytes: int  # one block as stored
     float_block_bytes: int  # one block in the model's dtype, for comparison
-    copy_bytes: int  # a second copy of the weights (0: batched passes read the weights themselves)
+    copy_bytes: int  # weights copied to compute with (WeightStorage.working_copy_nbytes; batched passes copy none)
     cache_bytes: int  # the attention cache budget (--cache-tokens, or its default share)
     fixed_bytes: int  # the process before loading, plus WORKING_BYTES
     available_bytes: int  # the process's present RSS plus what it may still take
@@ -116,6 +116,7 @@ def plan_memory(config: ServerConfig, checkpoint: Checkpoint, num_blocks: int | 
     float_block_bytes = WeightStorage("none", storage.group_size).block_nbytes(checkpoint, dtype)
     on_cpu = torch.device(config.device).type == "cpu"
     fixed = (rss_bytes() if on_cpu else 0) + WORKING_BYTES
+    copy = storage.working_copy_nbytes(checkpoint, dtype, config.device)
     available = available_bytes(config.device) + (fixed - WORKING_BYTES)
     block_cache_bytes = None  # --cache-tokens over one block
     if config.cache_tokens is not None:
@@ -123,7 +124,7 @@ def plan_memory(config: ServerConfig, checkpoint: Checkpoint, num_blocks: int | 
             span = checkpoint.family.span_class(checkpoint.config(), 0, 1)
         block_cache_bytes = config.cache_tokens * span.cache_nbytes(1, 1, 1, dtype)
     if num_blocks is None:
-        room = available - fixed
+        room = available - fixed - copy
         if block_cache_bytes is None:
             room *= FIT_WEIGHTS_SHARE
         num_blocks = min(checkpoint.config().num_hidden_layers,
@@ -138,8 +139,8 @@ def plan_memory(config: ServerConfig, checkpoint: Checkpoint, num_blocks: int | 
         cache_bytes = block_cache_bytes * num_blocks
     else:  # the default: a share of what is left once the blocks are in (memory.default_cache_bytes)
         share = CPU_MEMORY_SHARE if on_cpu else GPU_MEMORY_SHARE
-        cache_bytes = int(max(0, available - fixed - num_blocks * block_bytes) * share)
-    plan = MemoryPlan(storage, num_blocks, block_bytes, float_block_bytes, 0, cache_bytes, fixed, available)
+        cache_bytes = int(max(0, available - fixed - copy - num_blocks * block_bytes) * share)
+    plan = MemoryPlan(storage, num_blocks, block_bytes, float_block_bytes, copy, cache_bytes, fixed, available)
     if plan.total_bytes > available or cache_bytes == 0:
         raise MemoryPlanError(f"not enough memory for this server: {plan}; serve fewer blocks (--blocks, "
                               f"--num-blocks), store them smaller (--quant int8 or int4) or lower --cache-tokens")

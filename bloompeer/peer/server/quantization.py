@@ -69,6 +69,14 @@ class WeightStorage:
             raise ValueError(f"--quant {self.kind} does not compute on {_device_name(device)}: {exc} "
                              f"({instead})") from None
 
+    def working_copy_nbytes(self, checkpoint: Checkpoint, dtype: torch.dtype, device: str) -> int:
+        """Bytes of weights copied to compute with, beside the stored ones: int8 on CUDA computes each
+        layer from its weight in `dtype`, made for that layer and freed after it (one at a time, so
+        the largest layer's); nothing otherwise."""
+        if self.kind != "int8" or torch.device(device).type != "cuda":
+            return 0
+        return max(layer.in_features * layer.out_features for layer in _linears(checkpoint)) * dtype.itemsize
+
     def block_nbytes(self, checkpoint: Checkpoint, dtype: torch.dtype) -> int:
         """Bytes of one block's parameters and buffers as stored: linear weights in this format, the rest
         (norms, biases) in `dtype`. Computed from the config, nothing loaded."""
