@@ -16,7 +16,7 @@ from .maddrs import check_circuit_maddr, check_peer_maddr, peer_id_in
 
 __all__ = [
     "INT4_GROUP_SIZES", "MAX_PUSH_RTTS", "MAX_RELAY_MADDRS", "MAX_RTT_S", "QUANT_KINDS", "RequestLimits",
-    "SERVER_DTYPES", "ServerState", "ServerRecord", "block_key",
+    "SERVER_DEVICES", "SERVER_DTYPES", "ServerState", "ServerRecord", "block_key",
 ]
 
 MAX_PUSH_RTTS = 16  # servers a record may name round trips to (its nearest possible next hops)
@@ -29,6 +29,7 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)
 # The dtypes a server computes in: tensors.FLOAT_DTYPES, named here so that records (and the command
 # line that reads them) need no torch; tests/unit/test_records.py pins them
 SERVER_DTYPES = ("float32", "bfloat16", "float16")
+SERVER_DEVICES = ("cpu", "cuda")  # the kinds of device a server computes on (serve --device)
 
 
 class ServerState(str, Enum):
@@ -85,18 +86,24 @@ class ServerRecord:
     # fields stored none; both are left out on the wire for none, so they read the same
     quant: str = "none"
     quant_group_size: int = 0
+    # the kind of device it computes on (SERVER_DEVICES); left out on the wire for the CPU, so that
+    # records of versions before the field read as the CPU's, whose int8 arithmetic they had everywhere
+    device: str = "cpu"
     # this server relays for peers behind NAT: the addresses (ending /p2p/<its id>) they reserve on
     relay_maddrs: tuple[str, ...] = ()
     # this server is behind NAT: the relays' circuit addresses it is reached through now
     via_relays: tuple[str, ...] = ()
 
     @property
-    def arithmetic(self) -> tuple[str, int, str]:
-        """(quant, group size, dtype): two servers compute alike only if they store their weights alike
-        and compute in the same dtype. Measured on the demo model's text through its 6 blocks
-        (scripts/device_check.sh's machine): bfloat16 against float32 differs by 3.6 % (a lie's
-        size), bfloat16 on a GPU against bfloat16 on the CPU by 1.6 %."""
-        return self.quant, self.quant_group_size, self.dtype
+    def arithmetic(self) -> tuple[str, int, str, str]:
+        """(quant, group size, dtype, device for int8): two servers compute alike only if they store
+        their weights alike, compute in the same dtype and, for int8, on the same kind of device
+        (CUDA's int8 multiplies the rows as they are, the CPU's rounds them to int8 first:
+        blocks/quantized_linear.py). Measured on the H200 machine of scripts/device_check.sh:
+        bfloat16 against float32 differs by 3.6 % over the demo model's 6 blocks (a lie's size);
+        bfloat16 on the GPU against bfloat16 on the CPU by 0.9-1.6 % (none) and 1.1-1.7 % (int4),
+        but by 2.0-3.0 % for int8, beyond verification's 3 % once in a real swarm."""
+        return self.quant, self.quant_group_size, self.dtype, self.device if self.quant == "int8" else ""
 
     def to_wire(self) -> dict[str, Any]:
         wire = {**asdict(self), "state": self.state.value, "push_rtts_s": dict(self.push_rtts_s),
@@ -106,6 +113,8 @@ class ServerRecord:
                 del wire[optional]
         if self.quant == "none":
             del wire["quant"], wire["quant_group_size"]
+        if self.device == "cpu":
+            del wire["device"]
         return wire
 
     def push_rtt_s(self, peer_id: str) -> float | None:
@@ -130,10 +139,11 @@ class ServerRecord:
             "relayed": lambda v: type(v) is bool,
             "family": lambda v: isinstance(v, str) and 0 < len(v) <= 32,
             "quant": lambda v: isinstance(v, str) and v in QUANT_KINDS,
+            "device": lambda v: isinstance(v, str) and v in SERVER_DEVICES,
             "quant_group_size": lambda v: type(v) is int and (
                 v in INT4_GROUP_SIZES if value["quant"] == "int4" else v == 0),  # quant is checked first
         }
-        value = {"family": "bloom", "quant": "none", "quant_group_size": 0, **value}
+        value = {"family": "bloom", "quant": "none", "quant_group_size": 0, "device": "cpu", **value}
         for name, check in checks.items():
             if not check(value[name]):
                 raise ProtocolError(f"server record: bad {name} {str(value[name])[:40]!r}")
@@ -171,7 +181,8 @@ def _push_rtts_from_wire(value: Any) -> tuple[tuple[str, float], ...]:
 
 
 _RECORD_FIELDS = frozenset(ServerRecord.__dataclass_fields__)
-_OPTIONAL_FIELDS = frozenset({"push_rtts_s", "family", "quant", "quant_group_size", "relay_maddrs", "via_relays"})
+_OPTIONAL_FIELDS = frozenset({"push_rtts_s", "family", "quant", "quant_group_size", "device", "relay_maddrs",
+                              "via_relays"})
 _REQUIRED_FIELDS = _RECORD_FIELDS - _OPTIONAL_FIELDS
 _LIMIT_FIELDS = frozenset(RequestLimits.__dataclass_fields__)
 _STATES = frozenset(state.value for state in ServerState)

@@ -236,6 +236,16 @@ def test_quantize_linears_reports_the_bytes_saved_and_refuses_what_the_kernels_c
             check_int4_shape(in_features, out_features, group_size)
 
 
+def test_int8_computes_as_its_device_does_unless_told_to_compute_as_cuda(float_layer):
+    """A client checking a CUDA server's int8 output on its CPU computes CUDA's way (verification.py)."""
+    block = nn.Sequential(copy.deepcopy(float_layer))
+    quantize_linears(block, "int8")
+    assert block[0].weight_only == ON_CUDA
+    quantize_linears(as_cuda := nn.Sequential(copy.deepcopy(float_layer)), "int8", int8_weight_only=True)
+    rows = torch.randn(3, IN_FEATURES, device=DEVICE)
+    assert as_cuda[0].weight_only and torch.equal(as_cuda[0].matmul(rows), as_cuda[0].weight_only_matmul(rows))
+
+
 def test_4bit_weights_refuse_to_run_on_another_device_than_they_were_packed_for(float_layer):
     layer = Int4Linear(float_layer, 64)
     elsewhere = "cpu" if ON_CUDA else "cuda"

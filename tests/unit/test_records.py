@@ -39,12 +39,14 @@ def test_the_family_travels_and_records_before_the_field_read_as_bloom():
 
 
 def test_the_weight_storage_travels_and_records_before_the_fields_read_as_none():
-    int4 = dataclasses.replace(RECORD, quant="int4", quant_group_size=32, dtype="bfloat16")
-    assert ServerRecord.from_wire(int4.to_wire()) == int4 and int4.arithmetic == ("int4", 32, "bfloat16")
+    int4 = dataclasses.replace(RECORD, quant="int4", quant_group_size=32, dtype="bfloat16", device="cuda")
+    assert ServerRecord.from_wire(int4.to_wire()) == int4 and int4.arithmetic == ("int4", 32, "bfloat16", "")
     int8 = dataclasses.replace(RECORD, quant="int8")
-    assert ServerRecord.from_wire(int8.to_wire()).arithmetic == ("int8", 0, "float32")
-    assert "quant" not in RECORD.to_wire() and "quant_group_size" not in RECORD.to_wire()  # as before the fields
-    assert ServerRecord.from_wire(RECORD.to_wire()).arithmetic == ("none", 0, "float32")
+    assert ServerRecord.from_wire(int8.to_wire()).arithmetic == ("int8", 0, "float32", "cpu")
+    int8_on_cuda = dataclasses.replace(int8, device="cuda")  # computes int8 otherwise than on the CPU
+    assert ServerRecord.from_wire(int8_on_cuda.to_wire()).arithmetic == ("int8", 0, "float32", "cuda")
+    assert not {"quant", "quant_group_size", "device"} & set(RECORD.to_wire())  # as before the fields
+    assert ServerRecord.from_wire(RECORD.to_wire()).arithmetic == ("none", 0, "float32", "")
     assert (WIRE_QUANT_KINDS, INT4_GROUP_SIZES) == (QUANT_KINDS, GROUP_SIZES)  # the wire's list is the kernels'
     assert set(SERVER_DTYPES) == FLOAT_DTYPES  # a record's dtypes are the wire's float dtypes
 
@@ -71,7 +73,8 @@ def test_malformed_push_round_trips_are_refused(push_rtts):
 @pytest.mark.parametrize("change", [
     {"state": "sleeping"}, {"start": -1}, {"end": 0}, {"end": "4"}, {"throughput": float("nan")},
     {"throughput": -1.0}, {"cache_tokens_left": 1.5}, {"relayed": 1}, {"peer_id": ""}, {"extra": 1},
-    {"limits": None}, {"dtype": "int8"}, {"dtype": "float64"}, {"family": ""}, {"family": 3}, {"family": "x" * 33},
+    {"limits": None}, {"dtype": "int8"}, {"dtype": "float64"}, {"device": "cuda:0"}, {"device": "tpu"},
+    {"family": ""}, {"family": 3}, {"family": "x" * 33},
     {"limits": {"max_batch": 1, "max_length": 2}}, {"limits": {"max_batch": 0, "max_length": 2, "max_step_tokens": 3}},
     {"limits": {"max_batch": 1, "max_length": 2.0, "max_step_tokens": 3}},
 ])

@@ -310,6 +310,7 @@ class Server:
             limits=RequestLimits(self.config.max_batch, self.config.max_length, self.config.max_step_tokens),
             push_rtts_s=self.push_rtts.announced(), family=self.checkpoint.family.name,
             quant=self.storage.kind, quant_group_size=self.storage.announced_group_size,
+            device=torch.device(self.config.device).type,
         )
 
     async def announce(self, record: ServerRecord | None = None, blocks: list[int] | None = None) -> bool:
