@@ -55,7 +55,7 @@ from torch import nn
 
 __all__ = [
     "DEFAULT_GROUP_SIZE", "GROUP_SIZES", "QUANT_KINDS", "Int4Linear", "Int8Linear", "QuantizedLinear",
-    "check_int4_shape", "check_kernels", "quantize_linears", "stored_weight_nbytes",
+    "check_int4_shape", "check_kernels", "int8_weight_only_on", "quantize_linears", "stored_weight_nbytes",
 ]
 
 QUANT_KINDS = ("none", "int8", "int4")
@@ -114,11 +114,11 @@ class Int8Linear(QuantizedLinear):
     """int8 weights, one scale per output channel (symmetric): times int8 rows, one scale per row,
     through torch._int_mm on the CPU; times the rows as they are on CUDA (module docstring).
     weight_only: compute CUDA's way wherever the layer is (a client checking a CUDA server's output
-    on its CPU); None: the way of the device the weight is on."""
+    on its CPU); None: the way of the device the weight is on, so quantize after moving, as for 4-bit."""
 
     def __init__(self, linear: nn.Linear, weight_only: bool | None = None):
         super().__init__(linear.in_features, linear.out_features, linear.bias)
-        self.weight_only = linear.weight.device.type == "cuda" if weight_only is None else weight_only
+        self.weight_only = int8_weight_only_on(linear.weight.device) if weight_only is None else weight_only
         weight = linear.weight.detach().float()
         scales = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny).to(_KERNEL_DTYPE)
         quantized = torch.round(weight / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8)
@@ -143,6 +143,11 @@ class Int8Linear(QuantizedLinear):
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return (self.weight_int8.float() * self.scales.float()[:, None]).to(dtype)
+
+
+def int8_weight_only_on(device: torch.device | str) -> bool:
+    """Whether int8 computes weight-only (CUDA's way, module docstring) on this kind of device."""
+    return torch.device(device).type == "cuda"
 
 
 class Int4Linear(QuantizedLinear):

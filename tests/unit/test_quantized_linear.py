@@ -241,7 +241,8 @@ def test_int8_computes_as_its_device_does_unless_told_to_compute_as_cuda(float_l
     block = nn.Sequential(copy.deepcopy(float_layer))
     quantize_linears(block, "int8")
     assert block[0].weight_only == ON_CUDA
-    quantize_linears(as_cuda := nn.Sequential(copy.deepcopy(float_layer)), "int8", int8_weight_only=True)
+    as_cuda = nn.Sequential(copy.deepcopy(float_layer))
+    quantize_linears(as_cuda, "int8", int8_weight_only=True)
     rows = torch.randn(3, IN_FEATURES, device=DEVICE)
     assert as_cuda[0].weight_only and torch.equal(as_cuda[0].matmul(rows), as_cuda[0].weight_only_matmul(rows))
 

@@ -25,7 +25,7 @@ from collections.abc import Collection
 import torch
 
 from ...blocks import BlockSpan, Checkpoint
-from ...blocks.quantized_linear import DEFAULT_GROUP_SIZE, quantize_linears
+from ...blocks.quantized_linear import DEFAULT_GROUP_SIZE, int8_weight_only_on, quantize_linears
 from ...p2p import P2P, WIRE_DTYPES, RemoteError
 from .config import ClientConfig
 from .health import MISBEHAVIOR_BAN_S
@@ -88,9 +88,10 @@ class LocalBlocks:
             loading = self._loading.setdefault(key, threading.Lock())
         with loading:
             if key not in self._spans:
-                quant, group_size, dtype, device = arithmetic
+                quant, group_size, dtype, device = arithmetic  # device: set for int8 only
+                weight_only = quant == "int8" and int8_weight_only_on(device)
                 hook = None if quant == "none" else lambda block: quantize_linears(
-                    block, quant, group_size or DEFAULT_GROUP_SIZE, int8_weight_only=device == "cuda")
+                    block, quant, group_size or DEFAULT_GROUP_SIZE, int8_weight_only=weight_only)
                 self._spans[key] = self.checkpoint.load_span(start, end, WIRE_DTYPES[dtype], prepare_block=hook)
             return self._spans[key]
 

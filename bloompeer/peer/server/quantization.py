@@ -20,7 +20,7 @@ from torch import nn
 
 from ...blocks import Checkpoint
 from ...blocks.quantized_linear import (
-    check_int4_shape, check_kernels, quantize_linears, stored_weight_nbytes,
+    check_int4_shape, check_kernels, int8_weight_only_on, quantize_linears, stored_weight_nbytes,
 )
 
 __all__ = ["WeightStorage"]
@@ -73,7 +73,7 @@ class WeightStorage:
         """Bytes of weights copied to compute with, beside the stored ones: int8 on CUDA computes each
         layer from its weight in `dtype`, made for that layer and freed after it (one at a time, so
         the largest layer's); nothing otherwise."""
-        if self.kind != "int8" or torch.device(device).type != "cuda":
+        if self.kind != "int8" or not int8_weight_only_on(device):
             return 0
         return max(layer.in_features * layer.out_features for layer in _linears(checkpoint)) * dtype.itemsize
 
