@@ -29,7 +29,7 @@ from hivemind.p2p import P2P, P2PDaemonError, PeerID
 
 from .framing import read_frame, write_frame
 
-__all__ = ["start_daemon", "RELAY_DATA_LIMIT", "RELAY_TIME_LIMIT"]
+__all__ = ["start_daemon", "stop_daemon", "RELAY_DATA_LIMIT", "RELAY_TIME_LIMIT"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ RELAY_TIME_LIMIT = "24h"
 RELAY_START_ATTEMPTS = 3
 SELF_CHECK_BYTES = 512 << 10  # more than go-libp2p's default limit of 128 KiB
 SELF_CHECK_OPEN_S = 10.0
+DAEMON_STOP_S = 3.0  # after SIGTERM, how long p2pd gets to exit before it is killed
 _SELF_CHECK_PROTOCOL = "bloompeer.relay-check/1"
 LOOPBACK_IPS = ("/ip4/127.0.0.1/", "/ip6/::1/")
 
@@ -89,6 +90,19 @@ async def start_daemon(initial_peers: Sequence[str], host_maddrs: Sequence[str],
         await p2p.shutdown()
     logger.warning("Could not start a relay with bloompeer's limits; not relaying for peers behind NAT")
     return await P2P.create(**common, announce_maddrs=list(announce_maddrs) or None), False
+
+
+async def stop_daemon(p2p: P2P, timeout_s: float = DAEMON_STOP_S) -> None:
+    """hivemind's P2P.shutdown: SIGTERM to p2pd, then a wait for it without end. A peer's exit must
+    not hang on a daemon that is slow to close its connections, so after `timeout_s` it is killed."""
+    try:
+        await asyncio.wait_for(p2p.shutdown(), timeout_s)
+    except asyncio.TimeoutError:
+        child = p2p._child  # hivemind keeps the daemon's process here
+        logger.warning("p2pd (pid %d) did not exit within %.0f s of SIGTERM; killing it", child.pid, timeout_s)
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
+        await child.wait()
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Iterator
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P, P2PDaemonError
 
-from .daemon import start_daemon
+from .daemon import start_daemon, stop_daemon
 from .dht import BlockDirectory, make_record_validator
 from .errors import BloompeerError
 from .identity import IdentityError, load_rsa_identity
@@ -153,7 +153,7 @@ class PeerNode:
         except asyncio.TimeoutError:
             logger.warning("The DHT node did not stop within %.0f s; stopping the daemon anyway", SHUTDOWN_TIMEOUT_S)
         finally:
-            await self.p2p.shutdown()
+            await stop_daemon(self.p2p)
 
 
 @contextlib.contextmanager

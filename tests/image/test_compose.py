@@ -118,7 +118,7 @@ def test_compose_services_generate_and_the_server_drains_on_sigterm(services, tm
             model(tokenizer(PROMPT, return_tensors="pt").input_ids)
             assert [span.peer_id_str for span in session.route] == [server.peer_id_str]
             os.kill(server_pid, signal.SIGTERM)
-            assert server.process.wait(timeout=60) == 0
+            assert server.wait_exit(60) == 0
     log = server.log_path.read_text()
     assert "Drained: 1 session(s) still open after 5 s" in log, server.log_tail()
     assert "Traceback" not in log

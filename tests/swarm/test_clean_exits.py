@@ -62,7 +62,27 @@ def test_servers_stop_by_group_sigterm_every_time(swarm):
     for server in servers:
         os.killpg(server.pid, signal.SIGTERM)
     for server in servers:
-        assert server.process.wait(timeout=60) == 0, server.log_tail()
+        assert server.wait_exit(60) == 0, server.log_tail()
         log = server.log_path.read_text()  # (p2pd's own complaints as it dies are not ours: "ERROR hivemind...")
         assert " ERROR bloompeer" not in log and "Traceback" not in log, server.log_tail()
     assert processes_with_env(MARKER_ENV, marker) == []
+
+
+def test_a_server_whose_daemon_hangs_still_stops_on_sigterm(swarm):
+    """Its p2pd frozen (SIGSTOP: connections to it open, nothing ever answers, SIGTERM stays pending),
+    a server told to stop gives each step of its shutdown a bounded time, kills the daemon, and
+    exits 0 with nothing left running."""
+    marker = uuid.uuid4().hex
+    server = swarm.add_server(0, 1, ["--drain-timeout", "1"], name="hung-daemon", env={MARKER_ENV: marker})
+    daemons = [pid for pid in processes_with_env(MARKER_ENV, marker) if pid != server.pid]
+    assert daemons, "the server's p2pd carries the marker in its environment"
+    try:
+        for pid in daemons:
+            os.kill(pid, signal.SIGSTOP)
+        server.signal(signal.SIGTERM)
+        assert server.wait_exit(60) == 0, server.log_tail()
+        assert "did not exit within 3 s of SIGTERM; killing it" in server.log_path.read_text(), server.log_tail()
+        assert processes_with_env(MARKER_ENV, marker) == []
+    finally:  # the swarm's teardown stops the server; its frozen daemon is ours to kill
+        for pid in processes_with_env(MARKER_ENV, marker):
+            os.kill(pid, signal.SIGKILL)

@@ -184,7 +184,7 @@ def test_server_stops_on_sigterm_and_leaves_nothing_running(swarm, whole_group):
         os.killpg(server.pid, signal.SIGTERM)
     else:
         server.signal(signal.SIGTERM)
-    assert server.process.wait(timeout=30) == 0
+    assert server.wait_exit(30) == 0, server.log_tail()
     assert processes_with_env(MARKER_ENV, marker) == []
     assert "Traceback" not in server.log_path.read_text()
 

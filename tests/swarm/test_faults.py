@@ -61,7 +61,7 @@ def test_generation_survives_a_server_fault(fault, push, swarm, fresh_model, sta
         tokens, victim = _generate_with_fault(model, servers, lambda server: server.signal(getattr(signal, fault)))
     assert tokens.tolist() == fault_free.tolist() == expected.tolist()
     if fault == "SIGTERM":  # a graceful drain: the server exits by itself, cleanly, within its drain timeout
-        assert victim.process.wait(timeout=30) == 0
+        assert victim.wait_exit(30) == 0, victim.log_tail()
 
 
 def test_a_span_moved_next_to_its_own_server_is_pushed_on(swarm, fresh_model, start_servers, expected):

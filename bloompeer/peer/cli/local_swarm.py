@@ -188,6 +188,13 @@ class PeerProcess:
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(f"  {self.name}| {line}" for line in text[-lines:])
 
+    def wait_exit(self, timeout_s: float) -> int:
+        """The exit code; ProcessFailed, with the log's tail, if the process still runs after `timeout_s`."""
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise ProcessFailed(f"{self.name} still runs after {timeout_s:.0f} s\n{self.log_tail()}") from None
+
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, sig)

@@ -4,6 +4,7 @@ addresses they print."""
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import signal
 from collections.abc import Awaitable
@@ -11,6 +12,8 @@ from collections.abc import Awaitable
 __all__ = ["reachable_first", "run_until_done", "signal_event"]
 
 logger = logging.getLogger("bloompeer")
+
+EXIT_DEADLINE_S = 10.0  # from the command's end to the process's: the loop's cleanup and interpreter exit
 
 
 def signal_event() -> asyncio.Event:
@@ -47,4 +50,10 @@ async def _quiet_about_lost_daemon(command: Awaitable[int]) -> int:
             loop.default_exception_handler(context)
 
     loop.set_exception_handler(handle)
-    return await command
+    try:
+        return await command
+    finally:
+        # The peer has stopped (daemon reaped, files closed). What is left (cancelling stray tasks,
+        # joining executor threads, interpreter exit) must not keep a stopped peer alive: past the
+        # deadline every thread's stack goes to stderr and the process exits with code 1.
+        faulthandler.dump_traceback_later(EXIT_DEADLINE_S, exit=True)

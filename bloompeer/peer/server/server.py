@@ -14,7 +14,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import torch
 
@@ -39,40 +39,17 @@ from .reachability import Joined, behind_relays, join_network
 from .rebalancer import Rebalancer
 from .relay_keeper import RelayKeeper
 from .span_service import SpanService
+from .startup_clock import StartupClock
 from .throughput import MEASURE_STEPS, QUICK_STEPS, cached_throughput, measure_throughput
 
-__all__ = ["Server", "StartupClock"]
+__all__ = ["Server"]
 
 logger = logging.getLogger(__name__)
 
 RECORD_LIFETIME_PERIODS = 3
 REANNOUNCE_AFTER_JOINING_S = 5.0  # the one early refresh of the record (_announce_periodically)
 NEXT_HOPS_CHECK_S = 5.0  # how often the DHT is read for new servers to push to (pinged, then announced)
-
-
-class StartupClock:
-    """Seconds spent on each step of a server's start, logged in one line once it is online: where
-    a slow start went (the benchmarks read it too)."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-        self._started = self._last = time.monotonic()
-
-    def add_network(self, started: float, node_seconds: dict[str, float], checked_reachability: bool) -> None:
-        """Joining the network: the node's own steps, and the reachability check (the rest of it)."""
-        self._started, self._last = started, time.monotonic()
-        self.seconds.update(node_seconds)
-        if checked_reachability:
-            self.seconds["reachability check"] = max(0.0, self._last - started - sum(node_seconds.values()))
-
-    def lap(self, step: str) -> None:
-        now = time.monotonic()
-        self.seconds[step] = self.seconds.get(step, 0.0) + now - self._last
-        self._last = now
-
-    def __str__(self) -> str:
-        steps = ", ".join(f"{step} {seconds:.2f} s" for step, seconds in self.seconds.items())
-        return f"{self._last - self._started:.2f} s: {steps}"
+STOP_STEP_S = 3.0  # the most each step of a shutdown waits (Server.shutdown)
 
 
 class Server:
@@ -351,12 +328,13 @@ class Server:
 
     async def drain(self, timeout_s: float) -> None:
         """Take no new sessions, tell the open ones to move (their next step is refused), and wait
-        up to `timeout_s` for them to go."""
+        up to `timeout_s` in all (announcing draining included) for them to go."""
         if self.state is not ServerState.ONLINE or not self.node.daemon_alive:
             return
         self.state = ServerState.DRAINING
-        await self.node.unless_daemon_gone(self.announce())
-        left = await self.service.wait_for_sessions_to_leave(timeout_s)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        await _within(timeout_s, "announcing draining", self.node.unless_daemon_gone(self.announce()))
+        left = await self.service.wait_for_sessions_to_leave(max(0.0, deadline - asyncio.get_running_loop().time()))
         logger.info("Drained: %s", f"{left} session(s) still open after {timeout_s:.0f} s" if left
                     else "no sessions left")
 
@@ -366,25 +344,34 @@ class Server:
             await stop_serving(self.node.p2p, name)
 
     async def shutdown(self) -> None:
-        """Announce offline and release everything. Idempotent."""
+        """Announce offline and release everything. Idempotent, and bounded in time (SIGTERM must end
+        the process before docker's 10 s are up): a step waiting on tasks or on other peers gets
+        STOP_STEP_S, then the shutdown goes on without it."""
         if self.state is ServerState.OFFLINE:
             return
         was_announced = self.start is not None
         self.state = ServerState.OFFLINE
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.service is not None:
-            await self.service.stop_tasks()
+        stopping = [*self._tasks, *([self.service.stop_tasks()] if self.service is not None else [])]
+        await _within(STOP_STEP_S, "stopping background tasks", asyncio.gather(*stopping, return_exceptions=True))
         try:
             if was_announced:
-                await self.node.unless_daemon_gone(self._say_goodbye())
+                await _within(STOP_STEP_S, "announcing offline", self.node.unless_daemon_gone(self._say_goodbye()))
         finally:
             if self.metrics_endpoint is not None:
                 self.metrics_endpoint.close()
             self.pusher.close()
             await self.node.shutdown()
             self.compute.shutdown()
+
+
+async def _within(timeout_s: float, step: str, awaitable: Awaitable[object]) -> None:
+    """Await a step of stopping for at most `timeout_s`, then go on without it (and say so)."""
+    try:
+        await asyncio.wait_for(awaitable, timeout_s)
+    except asyncio.TimeoutError:
+        logger.warning("Stopping: %s took over %.0f s; going on without it", step, timeout_s)
 
 
 async def _offered_relays(model_uid: str, num_blocks: int, node: PeerNode, exclude: Sequence[str] = ()) -> list[str]:
