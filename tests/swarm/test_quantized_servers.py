@@ -1,11 +1,13 @@
 """Servers with quantized weights (`serve --quant`) in a swarm with float ones: a client that allows
-only float weights never touches them, verification compares int8 servers only with each other and
-still catches a lying one, gradients through an int8 server stay close to float32's, and a server's
-RSS stays within its memory plan for none, int8 and int4.
+only float weights (an exact client) never touches them, nor a bfloat16 server; verification
+compares int8 servers only with each other and still catches a lying one, gradients through an int8
+server stay close to float32's, and a server's RSS stays within its memory plan for none, int8 and
+int4.
 
-One swarm of the module's own (on the shared bootstrap peer), started at once: a float server, an
-honest int8 one and a lying int8 one (announced fastest, so a client would pick it) of the tiny
-BLOOM; and one server per --quant of a Qwen3-shaped checkpoint of hidden 1024 for the memory test.
+One swarm of the module's own (on the shared bootstrap peer), started at once: a float32 server, a
+bfloat16 one, an honest int8 one and a lying int8 one (the bfloat16 and lying ones announced fastest,
+so a client would pick them) of the tiny BLOOM; and one server per --quant of a Qwen3-shaped
+checkpoint of hidden 1024 for the memory test.
 """
 
 import asyncio
@@ -47,7 +49,7 @@ def memory_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def quantized_swarm(swarm, tiny_checkpoint, memory_checkpoint, tmp_path_factory):
-    """{"model": the tiny model's path, "float", "int8", "liar": its servers, "memory": {kind: server}}."""
+    """{"model": the tiny model's path, "float", "bfloat16", "int8", "liar": its servers, "memory": {kind: server}}."""
     model = tmp_path_factory.mktemp("quantized") / "tiny-quantized"
     shutil.copytree(tiny_checkpoint, model)
     metrics = ("--metrics-port", "0")
@@ -56,6 +58,7 @@ def quantized_swarm(swarm, tiny_checkpoint, memory_checkpoint, tmp_path_factory)
         return swarm.add_server(0, 4, extra_args=args, wait=False, name=name, model=checkpoint, program=program)
 
     servers = {"float": start("tiny-float", *SLOW, *metrics),
+               "bfloat16": start("tiny-bfloat16", "--dtype", "bfloat16", *FAST, *metrics),
                "int8": start("tiny-int8", "--quant", "int8", *SLOW, *metrics),
                "liar": start("tiny-int8-liar", "--quant", "int8", *FAST, *metrics, program=LIAR)}
     # new interpreters, not forks (tests/conftest.py): a fork's RSS would count pages of its fork server's
@@ -82,9 +85,10 @@ def _inference_requests(server) -> float:
                for kind in ("open", "step", "forward", "push"))
 
 
-def test_a_client_allowing_only_float_weights_never_touches_an_int8_server(swarm, quantized_swarm, reference_model):
+def test_a_client_allowing_only_float_weights_never_touches_an_int8_or_bfloat16_server(swarm, quantized_swarm,
+                                                                                        reference_model):
     servers = quantized_swarm
-    before = {name: _inference_requests(servers[name]) for name in ("float", "int8", "liar")}
+    before = {name: _inference_requests(servers[name]) for name in ("float", "bfloat16", "int8", "liar")}
     with swarm_client(swarm, servers["model"], quant_allowed=("none",)) as model:
         with model.inference_session(max_length=32) as session:
             tokens = _generate(model)
@@ -92,7 +96,7 @@ def test_a_client_allowing_only_float_weights_never_touches_an_int8_server(swarm
     assert tokens.tolist() == _expected(reference_model).tolist()  # float weights: transformers' tokens
     after = {name: _inference_requests(servers[name]) for name in before}
     assert after["float"] > before["float"]
-    assert after["int8"] == before["int8"] and after["liar"] == before["liar"]
+    assert all(after[name] == before[name] for name in ("bfloat16", "int8", "liar"))
 
 
 def test_verification_compares_int8_servers_with_each_other_and_bans_only_the_liar(swarm, quantized_swarm):

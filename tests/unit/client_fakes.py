@@ -12,7 +12,7 @@ from bloompeer.p2p import (
     ErrorCode, FoundRecord, PeerUnavailableError, RequestLimits, ServerRecord, ServerState, Step,
 )
 from bloompeer.peer.client.health import BanList
-from bloompeer.peer.client.routing import SpanRoute
+from bloompeer.peer.client.routing import ServerFilter, SpanRoute
 from bloompeer.peer.client.swarm import SwarmView
 
 NUM_BLOCKS = 4
@@ -36,7 +36,8 @@ class FixedDirectory:
 
 def swarm_of(*records: ServerRecord, rtts_s: dict[str, float] | None = None) -> SwarmView:
     """A view that knows these servers and their round trips already, so it never pings."""
-    view = SwarmView(None, FixedDirectory(list(records)), "tiny", NUM_BLOCKS, None, refresh_period_s=3600.0)
+    view = SwarmView(None, FixedDirectory(list(records)), "tiny", NUM_BLOCKS, ServerFilter(None),
+                      refresh_period_s=3600.0)
     view.announced = view.servers = {i: [r for r in records if r.start <= i < r.end] for i in range(NUM_BLOCKS)}
     view.rtts_s = {r.peer_id: (rtts_s or {}).get(r.peer_id, 0.001) for r in records}
     view._pinged_at = dict.fromkeys(view.rtts_s, time.monotonic())

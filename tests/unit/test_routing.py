@@ -1,10 +1,11 @@
 import dataclasses
 
 from bloompeer.p2p import RequestLimits, ServerRecord, ServerState
+from bloompeer.peer.client.config import ClientConfig
 from bloompeer.peer.client.errors import MissingBlocksError, block_ranges
 from bloompeer.peer.client.routing import (
-    RequestSize, SpanRoute, choose_plan, choose_push_route, choose_route, missing_blocks, refusal_everywhere,
-    usable_servers, why_no_route,
+    RequestSize, ServerFilter, SpanRoute, choose_plan, choose_push_route, choose_route, missing_blocks,
+    refusal_everywhere, usable_servers, why_no_route,
 )
 
 
@@ -56,7 +57,7 @@ def test_a_sub_range_and_a_gap():
 
 def test_unusable_servers_are_dropped():
     records = [_record("a", 0, 2), _record("b", 2, 4, ServerState.DRAINING), _record("c", 2, 4, fingerprint="other")]
-    servers = usable_servers(_by_block(records, 4), "f")
+    servers = usable_servers(_by_block(records, 4), ServerFilter("f"))
     assert missing_blocks(servers, 0, 4) == [2, 3]
 
 
@@ -64,24 +65,37 @@ def test_servers_storing_weights_in_a_way_the_client_refuses_are_dropped():
     records = [_record("float", 0, 4), dataclasses.replace(_record("int8", 0, 4), quant="int8"),
                dataclasses.replace(_record("int4", 2, 4), quant="int4", quant_group_size=64)]
     everyone = _by_block(records, 4)
-    assert usable_servers(everyone, "f") == everyone
-    only_float = usable_servers(everyone, "f", quant_allowed=("none",))
+    assert usable_servers(everyone, ServerFilter("f")) == everyone
+    only_float = usable_servers(everyone, ServerFilter("f", quant=frozenset({"none"})))
     assert {r.peer_id for records in only_float.values() for r in records} == {"float"}
-    assert choose_route(usable_servers(everyone, "f", quant_allowed=("int4",)), 0, 4) is None
-    assert missing_blocks(usable_servers(everyone, "f", quant_allowed=("int8", "int4")), 0, 4) == []
+    assert choose_route(usable_servers(everyone, ServerFilter("f", quant=frozenset({"int4"}))), 0, 4) is None
+    assert missing_blocks(usable_servers(everyone, ServerFilter("f", quant=frozenset({"int8", "int4"}))), 0, 4) == []
+
+
+def test_an_exact_client_uses_only_unquantized_servers_computing_in_its_dtype():
+    records = [_record("float32", 0, 4), dataclasses.replace(_record("bfloat16", 0, 4), dtype="bfloat16"),
+               dataclasses.replace(_record("int8", 0, 4), quant="int8")]
+    exact = ServerFilter.of_client(ClientConfig(quant_allowed=("none",)), "f", "float32")
+    assert {r.peer_id for r in usable_servers(_by_block(records, 4), exact)[0]} == {"float32"}
+    assert why_no_route(_by_block(records[1:], 4), 0, 4, exact) == (
+        "block 0 is announced by ...bfloat16 (computes in bfloat16, and this client asks for exact float32 results); "
+        "...int8 (weights stored as int8, which this client does not allow)")
+    for inexact in (ClientConfig(), ClientConfig(quant_allowed=("none", "int8"))):
+        assert usable_servers(_by_block(records, 4), ServerFilter.of_client(inexact, "f", "float32"))[0] == records
 
 
 def test_why_no_route_names_each_server_of_the_first_unserved_block_and_what_it_lacks():
     announced = _by_block([_record("full-server", 0, 2, cache=3), _record("other-weights", 0, 2, fingerprint="g"),
                            _record("leaving-server", 0, 2, state=ServerState.DRAINING),
                            _record("failed-server", 0, 2), _record("ok-server", 2, 4)], 4)
-    seen = why_no_route(announced, 0, 4, "f", banned={"failed-server"}, min_cache_tokens=16)
+    anyone = ServerFilter("f")
+    seen = why_no_route(announced, 0, 4, anyone, banned={"failed-server"}, min_cache_tokens=16)
     assert seen.startswith("block 0 is announced by ")
     for reason in ("...l-server (3 cache tokens left of the 16 needed)", "...-weights (other weights",
                    "...g-server (draining, not online)", "...d-server (not used for now after failing)"):
         assert reason in seen
-    assert why_no_route(announced, 2, 4, "f", min_cache_tokens=16) == "their servers do not join up into one chain"
-    assert why_no_route(_by_block([_record("a", 0, 2)], 4), 0, 4, "f") == "no server announces block 2"
+    assert why_no_route(announced, 2, 4, anyone, min_cache_tokens=16) == "their servers do not join up into one chain"
+    assert why_no_route(_by_block([_record("a", 0, 2)], 4), 0, 4, anyone) == "no server announces block 2"
 
 
 def test_missing_blocks_message_names_ranges():

@@ -7,6 +7,7 @@ import dataclasses
 import threading
 
 from bloompeer.p2p import FoundRecord, ServerState, get_dht_time
+from bloompeer.peer.client.routing import ServerFilter
 from bloompeer.peer.client.runtime import ClientRuntime
 from bloompeer.peer.client.swarm import SwarmView
 
@@ -42,7 +43,7 @@ async def test_a_partial_read_keeps_what_earlier_reads_found_until_it_expires_or
         _read((a_offline, later + 30), (b, later)),  # a leaves: its newer record replaces the online one
         _read((a, later), (b, later)),  # a stale copy of a's older record, from a peer the leave did not reach
     ]
-    view = SwarmView(None, ScriptedDirectory(reads), "tiny", NUM_BLOCKS, None, refresh_period_s=3600.0)
+    view = SwarmView(None, ScriptedDirectory(reads), "tiny", NUM_BLOCKS, ServerFilter(None), refresh_period_s=3600.0)
     view._pinged_at = {"a": float("inf"), "b": float("inf")}  # never pinged: no network here
     await view.refresh()
     assert _servers(view) == {0: {"a", "b"}, 1: {"a", "b"}, 2: {"b"}, 3: {"b"}}
@@ -59,7 +60,7 @@ async def test_records_are_forgotten_once_expired():
     now = get_dht_time()
     a, b = record("a", 0, 4), record("b", 0, 4)
     reads = [_read((a, now - 1), (b, now + 90)), {}]  # a's record expires as soon as it is read
-    view = SwarmView(None, ScriptedDirectory(reads), "tiny", NUM_BLOCKS, None, refresh_period_s=3600.0)
+    view = SwarmView(None, ScriptedDirectory(reads), "tiny", NUM_BLOCKS, ServerFilter(None), refresh_period_s=3600.0)
     view._pinged_at = {"a": float("inf"), "b": float("inf")}
     await view.refresh()
     assert _servers(view) == {i: {"a", "b"} for i in range(NUM_BLOCKS)}
@@ -84,7 +85,7 @@ class CountedDirectory:
 
 
 def _counted_view(callers: int) -> SwarmView:
-    view = SwarmView(None, CountedDirectory(callers), "tiny", NUM_BLOCKS, None, refresh_period_s=3600.0)
+    view = SwarmView(None, CountedDirectory(callers), "tiny", NUM_BLOCKS, ServerFilter(None), refresh_period_s=3600.0)
     view._pinged_at = {"a": float("inf")}  # never pinged: no network here
     return view
 

@@ -181,7 +181,8 @@ def add_client_flags(parser: argparse.ArgumentParser) -> None:
                        help="use only these servers (peer ids, as `bloompeer status` and the servers print them)")
     trust.add_argument("--quant-allowed", type=quant_kinds, default=QUANT_KINDS, metavar="KINDS",
                        help="use only servers storing their weights in one of these ways, comma-separated among "
-                            "none,int8,int4 (default: all); `none` alone for results as exact as float weights give")
+                            "none,int8,int4 (default: all); `none` alone for exact results (float weights, computed in "
+                            "the client's own dtype)")
     add_network_flags(parser, "/ip4/127.0.0.1/tcp/0")
 
 

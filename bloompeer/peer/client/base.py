@@ -184,7 +184,7 @@ class DistributedModelMixin:
             client_config = dataclasses.replace(client_config, verify_fraction=verify_fraction)
         if trusted_servers is not None:
             client_config = dataclasses.replace(client_config, trusted_servers=tuple(trusted_servers))
-        connecting = SwarmClient.start_connecting(checkpoint, client_config)  # while the tensors load
+        connecting = SwarmClient.start_connecting(checkpoint, client_config, dtype)  # while the tensors load
         try:
             model = cls._with_local_tensors(checkpoint, config, dtype, tuning_mode, pre_seq_len)
         except BaseException:

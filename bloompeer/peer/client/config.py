@@ -26,7 +26,13 @@ class ClientConfig:
     verify_fraction: float = 0.0  # share of each span's steps recomputed elsewhere to catch a lying server
     trusted_servers: tuple[str, ...] = ()  # if set, only these peer ids (base58) are ever used
     # only servers storing their weights in one of these ways (none, int8, int4) are used, for routing,
-    # replay and verification alike; ("none",): results as exact as float weights give
+    # replay and verification alike; ("none",) alone asks for exact results (`exact`)
     quant_allowed: tuple[str, ...] = ("none", "int8", "int4")
     wire_codec: str = "raw"  # how forward/backward activations and gradients travel: raw, float16, bfloat16, int8-blockwise
     max_rows_per_request: int = 2048  # a larger forward or backward batch (batch x length) is sent in parts
+
+    @property
+    def exact(self) -> bool:
+        """Results equal to the model's own on one machine: only unquantized servers are used, and
+        only those computing in the client's dtype (a bfloat16 server is a few percent off float32)."""
+        return set(self.quant_allowed) == {"none"}

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 import torch
 
 from ...p2p import RequestLimits, ServerRecord, ServerState
+from .config import ClientConfig
 
 __all__ = [
-    "RequestSize", "RoutePlan", "SpanRoute", "choose_plan", "choose_push_route", "choose_route", "missing_blocks",
-    "refusal_everywhere", "usable_servers", "why_no_route", "why_unusable", "UNKNOWN_RTT_S", "RELAY_PENALTY_S",
+    "RequestSize", "RoutePlan", "ServerFilter", "SpanRoute", "choose_plan", "choose_push_route", "choose_route",
+    "missing_blocks", "refusal_everywhere", "usable_servers", "why_no_route", "UNKNOWN_RTT_S", "RELAY_PENALTY_S",
 ]
 
 UNKNOWN_RTT_S = 0.05  # a server not pinged yet is assumed this far away
@@ -87,31 +88,44 @@ def refusal_everywhere(servers: dict[int, list[ServerRecord]], start: int, end: 
     return None
 
 
-def usable_servers(servers: dict[int, list[ServerRecord]], fingerprint: str | None,
-                   trusted: Collection[str] = (), quant_allowed: Collection[str] | None = None,
-                   ) -> dict[int, list[ServerRecord]]:
-    """Online servers with the client's weights (among `trusted`, if given, and storing them in one of
-    the `quant_allowed` ways, if given), per block."""
-    return {index: [r for r in records if why_unusable(r, fingerprint, trusted, quant_allowed) is None]
-            for index, records in servers.items()}
+@dataclass(frozen=True)
+class ServerFilter:
+    """Which servers a client ever uses, for routes, replays and checks alike."""
+
+    fingerprint: str | None  # the client's weights (None: any)
+    trusted: frozenset[str] = frozenset()  # if not empty, the only peer ids used (a private swarm)
+    quant: frozenset[str] | None = None  # the ways of storing weights allowed (None: any)
+    # an exact client's own dtype: only servers computing in it (a bfloat16 server's results are
+    # a few percent off float32's, as a quantized one's are)
+    dtype: str | None = None
+
+    @classmethod
+    def of_client(cls, config: ClientConfig, fingerprint: str | None, dtype: str) -> ServerFilter:
+        """What a client with `config`, the weights of `fingerprint` and local parts in `dtype` allows."""
+        return cls(fingerprint, frozenset(config.trusted_servers), frozenset(config.quant_allowed),
+                   dtype if config.exact else None)
+
+    def why_not(self, record: ServerRecord) -> str | None:
+        """Why the client never routes through this server (None: it may)."""
+        if record.state is not ServerState.ONLINE:
+            return f"{record.state.value}, not online"
+        if self.fingerprint is not None and record.weights_fingerprint != self.fingerprint:
+            return "other weights under this model's name"
+        if self.trusted and record.peer_id not in self.trusted:
+            return "not among the trusted servers"
+        if self.quant is not None and record.quant not in self.quant:
+            return f"weights stored as {record.quant}, which this client does not allow"
+        if self.dtype is not None and record.dtype != self.dtype:
+            return f"computes in {record.dtype}, and this client asks for exact {self.dtype} results"
+        return None
 
 
-def why_unusable(record: ServerRecord, fingerprint: str | None, trusted: Collection[str] = (),
-                 quant_allowed: Collection[str] | None = None) -> str | None:
-    """Why a client with these settings never routes through this server (None: it may)."""
-    if record.state is not ServerState.ONLINE:
-        return f"{record.state.value}, not online"
-    if fingerprint is not None and record.weights_fingerprint != fingerprint:
-        return "other weights under this model's name"
-    if trusted and record.peer_id not in trusted:
-        return "not among the trusted servers"
-    if quant_allowed is not None and record.quant not in quant_allowed:
-        return f"weights stored as {record.quant}, which this client does not allow"
-    return None
+def usable_servers(servers: dict[int, list[ServerRecord]], allowed: ServerFilter) -> dict[int, list[ServerRecord]]:
+    """The servers `allowed` lets the client use, per block."""
+    return {index: [r for r in records if allowed.why_not(r) is None] for index, records in servers.items()}
 
 
-def why_no_route(announced: dict[int, list[ServerRecord]], start: int, end: int, fingerprint: str | None,
-                 trusted: Collection[str] = (), quant_allowed: Collection[str] | None = None,
+def why_no_route(announced: dict[int, list[ServerRecord]], start: int, end: int, allowed: ServerFilter,
                  banned: Collection[str] = (), min_cache_tokens: int = 0) -> str:
     """What the DHT shows for the first block in [start, end) that no usable server with cache room
     serves: nobody announcing it, or each of its servers and why it was passed over."""
@@ -119,7 +133,7 @@ def why_no_route(announced: dict[int, list[ServerRecord]], start: int, end: int,
         records = announced.get(index, [])
         if not records:
             return f"no server announces block {index}"
-        reasons = [why_unusable(r, fingerprint, trusted, quant_allowed)
+        reasons = [allowed.why_not(r)
                    or ("not used for now after failing" if r.peer_id in banned else None)
                    or (f"{r.cache_tokens_left} cache tokens left of the {min_cache_tokens} needed"
                        if r.cache_tokens_left < min_cache_tokens else None) for r in records]

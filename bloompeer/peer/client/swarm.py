@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 
 from ...p2p import P2P, BlockDirectory, FoundRecord, ServerRecord, get_dht_time
 from .errors import MissingBlocksError, RequestTooLargeError, block_ranges
 from .health import BanList, ping
 from .routing import (
-    RequestSize, RoutePlan, SpanRoute, choose_plan, missing_blocks, refusal_everywhere, usable_servers,
-    why_no_route,
+    RequestSize, RoutePlan, ServerFilter, SpanRoute, choose_plan, missing_blocks, refusal_everywhere,
+    usable_servers, why_no_route,
 )
 
 __all__ = ["SwarmView"]
@@ -39,14 +39,10 @@ class SwarmView:
     """
 
     def __init__(self, p2p: P2P, directory: BlockDirectory, model_uid: str, num_blocks: int,
-                 fingerprint: str | None, refresh_period_s: float = 10.0, ping_timeout_s: float = 2.0,
-                 trusted: Collection[str] = (), quant_allowed: Collection[str] | None = None):
-        """trusted: if not empty, the only peer ids ever used (a private swarm); quant_allowed: if given,
-        only servers storing their weights in one of these ways are ever used (routes, replays, checks)."""
-        self.p2p, self.directory, self.model_uid, self.num_blocks, self.fingerprint = (
-            p2p, directory, model_uid, num_blocks, fingerprint)
-        self.trusted = frozenset(trusted)
-        self.quant_allowed = None if quant_allowed is None else frozenset(quant_allowed)
+                 allowed: ServerFilter, refresh_period_s: float = 10.0, ping_timeout_s: float = 2.0):
+        """allowed: the only servers ever used (routes, replays, checks)."""
+        self.p2p, self.directory, self.model_uid, self.num_blocks, self.allowed = (
+            p2p, directory, model_uid, num_blocks, allowed)
         self.refresh_period_s, self.ping_timeout_s = refresh_period_s, ping_timeout_s
         self.announced: dict[int, list[ServerRecord]] = {}  # every record known, usable or not
         self._known: dict[tuple[int, str], FoundRecord] = {}  # (block, peer id) -> its latest record, until it expires
@@ -69,7 +65,7 @@ class SwarmView:
 
     async def _refresh_now(self) -> None:
         self._remember(await self.directory.find_records(self.model_uid, self.num_blocks))
-        self.servers = usable_servers(self.announced, self.fingerprint, self.trusted, self.quant_allowed)
+        self.servers = usable_servers(self.announced, self.allowed)
         self._updated_at = time.monotonic()
         await self._ping_stale()
 
@@ -151,8 +147,7 @@ class SwarmView:
             missing = missing_blocks(self.servers, start, end, banned) or list(range(start, end))
             waited_s = time.monotonic() - started
             if waited_s >= timeout_s:
-                seen = why_no_route(self.announced, start, end, self.fingerprint, self.trusted, self.quant_allowed,
-                                    banned, min_cache_tokens)
+                seen = why_no_route(self.announced, start, end, self.allowed, banned, min_cache_tokens)
                 raise MissingBlocksError(self.model_uid, missing, waited_s, seen=seen)
             if missing != announced_missing:
                 logger.warning("No usable server for block(s) %s of %s yet; waiting up to %.0f s more",

@@ -18,9 +18,10 @@ from collections.abc import Callable
 import torch
 
 from ...blocks import Checkpoint
-from ...p2p import PeerNode
+from ...p2p import PeerNode, dtype_name
 from .config import ClientConfig
 from .inference_session import InferenceSession
+from .routing import ServerFilter
 from .runtime import ClientRuntime
 from .sequential import SwarmSequential, ThroughSwarm
 from .swarm import SwarmView
@@ -62,25 +63,27 @@ class SwarmClient:
         return asyncio.create_task(self.swarm.keep_fresh(), name="bloompeer-swarm-view")
 
     @classmethod
-    def connect(cls, checkpoint: Checkpoint, config: ClientConfig) -> SwarmClient:
-        """Join the swarm as a client of `checkpoint`'s model (only servers with its fingerprint are used)."""
-        return cls.start_connecting(checkpoint, config).result()
+    def connect(cls, checkpoint: Checkpoint, config: ClientConfig, dtype: torch.dtype = torch.float32) -> SwarmClient:
+        """Join the swarm as a client of `checkpoint`'s model (only servers with its fingerprint are
+        used) whose local parts compute in `dtype` (an exact client's servers compute in it too)."""
+        return cls.start_connecting(checkpoint, config, dtype).result()
 
     @classmethod
-    def start_connecting(cls, checkpoint: Checkpoint, config: ClientConfig) -> Connecting:
+    def start_connecting(cls, checkpoint: Checkpoint, config: ClientConfig,
+                         dtype: torch.dtype = torch.float32) -> Connecting:
         """connect(), begun now: the network peer (a libp2p daemon and a DHT node, a good part of a
         second) starts on the client's loop thread while the caller goes on (from_pretrained loads
         its tensors meanwhile); the result's result() finishes it."""
         runtime = ClientRuntime()
         return Connecting(runtime, runtime.submit(PeerNode.create(config.network)),
-                          lambda node: cls._joined(runtime, node, checkpoint, config))
+                          lambda node: cls._joined(runtime, node, checkpoint, config, dtype))
 
     @classmethod
-    def _joined(cls, runtime: ClientRuntime, node: PeerNode, checkpoint: Checkpoint,
-                config: ClientConfig) -> SwarmClient:
+    def _joined(cls, runtime: ClientRuntime, node: PeerNode, checkpoint: Checkpoint, config: ClientConfig,
+                dtype: torch.dtype) -> SwarmClient:
+        allowed = ServerFilter.of_client(config, checkpoint.fingerprint(), dtype_name(dtype))
         view = SwarmView(node.p2p, node.directory, checkpoint.model_uid, checkpoint.config().num_hidden_layers,
-                         checkpoint.fingerprint(), config.swarm_refresh_period_s, trusted=config.trusted_servers,
-                         quant_allowed=config.quant_allowed)
+                         allowed, config.swarm_refresh_period_s)
         verifier = None
         if config.verify_fraction > 0:
             local = LocalBlocks(checkpoint) if checkpoint.local_dir is not None else None
