@@ -86,3 +86,12 @@ def test_a_server_whose_daemon_hangs_still_stops_on_sigterm(swarm):
     finally:  # the swarm's teardown stops the server; its frozen daemon is ours to kill
         for pid in processes_with_env(MARKER_ENV, marker):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_server_without_a_drain_goes_straight_to_offline(swarm):
+    """--drain-timeout 0: no draining announced, nothing waited for, no warning about it."""
+    server = swarm.add_server(0, 1, ["--drain-timeout", "0"], name="no-drain")
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(60) == 0, server.log_tail()
+    log = server.log_path.read_text()
+    assert "Drained" not in log and "announcing draining" not in log, server.log_tail()

@@ -328,8 +328,8 @@ class Server:
 
     async def drain(self, timeout_s: float) -> None:
         """Take no new sessions, tell the open ones to move (their next step is refused), and wait
-        up to `timeout_s` in all (announcing draining included) for them to go."""
-        if self.state is not ServerState.ONLINE or not self.node.daemon_alive:
+        up to `timeout_s` in all (announcing draining included) for them to go. 0: no drain at all."""
+        if self.state is not ServerState.ONLINE or not self.node.daemon_alive or timeout_s <= 0:
             return
         self.state = ServerState.DRAINING
         deadline = asyncio.get_running_loop().time() + timeout_s
