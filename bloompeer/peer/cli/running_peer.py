@@ -34,7 +34,17 @@ def run_until_done(command: Awaitable[int]) -> int:
     """Run a peer command on uvloop (errors go up to cli.main, which reports them)."""
     import uvloop
 
-    return uvloop.run(_quiet_about_lost_daemon(command))
+    return uvloop.run(_with_a_bounded_exit(_quiet_about_lost_daemon(command)))
+
+
+async def _with_a_bounded_exit(command: Awaitable[int]) -> int:
+    """Run `command`; once it ends (daemon reaped, files closed), what is left (cancelling stray
+    tasks, joining executor threads, interpreter exit) must not keep a stopped peer alive: past
+    EXIT_DEADLINE_S every thread's stack goes to stderr and the process exits with code 1."""
+    try:
+        return await command
+    finally:
+        faulthandler.dump_traceback_later(EXIT_DEADLINE_S, exit=True)
 
 
 async def _quiet_about_lost_daemon(command: Awaitable[int]) -> int:
@@ -50,10 +60,4 @@ async def _quiet_about_lost_daemon(command: Awaitable[int]) -> int:
             loop.default_exception_handler(context)
 
     loop.set_exception_handler(handle)
-    try:
-        return await command
-    finally:
-        # The peer has stopped (daemon reaped, files closed). What is left (cancelling stray tasks,
-        # joining executor threads, interpreter exit) must not keep a stopped peer alive: past the
-        # deadline every thread's stack goes to stderr and the process exits with code 1.
-        faulthandler.dump_traceback_later(EXIT_DEADLINE_S, exit=True)
+    return await command
