@@ -344,9 +344,9 @@ class Server:
             await stop_serving(self.node.p2p, name)
 
     async def shutdown(self) -> None:
-        """Announce offline and release everything. Idempotent, and bounded in time (SIGTERM must end
-        the process before docker's 10 s are up): a step waiting on tasks or on other peers gets
-        STOP_STEP_S, then the shutdown goes on without it."""
+        """Announce offline and release everything. Idempotent, and bounded in time (a stopped server
+        exits even when its daemon or the peers it tells hang): a step waiting on tasks or on other
+        peers gets STOP_STEP_S, then the shutdown goes on without it."""
         if self.state is ServerState.OFFLINE:
             return
         was_announced = self.start is not None
