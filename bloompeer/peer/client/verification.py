@@ -8,9 +8,9 @@ found wrong is banned for the rest of the session and its work is redone on anot
 
 Only servers that compute alike are compared: that store their weights the same way (none, int8,
 or int4 with the same group size), compute in the same dtype and, for int8, on the same kind of
-device (ServerRecord.arithmetic). An
-int8 server's honest outputs differ from a float one's, and a bfloat16 server's from a float32
-one's, by as much as a lie does. The client's own recomputation loads its blocks the same way.
+device (ServerRecord.arithmetic). An int8 server's honest outputs differ from a float one's, and a
+bfloat16 server's from a float32 one's, by as much as a lie does. The client's own recomputation
+loads its blocks the same way.
 """
 
 from __future__ import annotations
