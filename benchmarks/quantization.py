@@ -28,39 +28,29 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import AutoTokenizer, BloomForCausalLM
 
 from bloompeer.blocks.batched_linear import BatchedLinears
-from bloompeer.blocks.quantized_linear import GROUP_SIZES, Int4Linear, Int8Linear, QuantizedLinear, quantize_linears
+from bloompeer.blocks.quantized_linear import Int4Linear, Int8Linear, QuantizedLinear, quantize_block
 from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR
+from bloompeer.weight_format import INT4_GROUP_SIZES, WeightFormat
 
 KERNEL_SHAPE = (1024, 4096)  # (in, out): bloom-560m's dense_h_to_4h
 CUDA_KERNEL_SHAPES = [KERNEL_SHAPE, (4096, 14336)]  # and Llama-3-8B's up_proj, for a GPU's bandwidth
 GOALS = {"int8": 0.005, "int4": 0.02}  # perplexity's relative increase over float32, at most
 
 
-@dataclass(frozen=True)
-class WeightFormat:
-    """How a model's linear weights are stored: kind in none/int8/int4, group_size for int4."""
-
-    kind: str
-    group_size: int | None = None
-
-    @property
-    def label(self) -> str:
-        return self.kind if self.group_size is None else f"{self.kind} g{self.group_size}"
-
-    def quantize(self, linear: nn.Linear) -> nn.Module:
-        if self.kind == "int8":
-            return Int8Linear(linear)
-        return Int4Linear(linear, self.group_size) if self.kind == "int4" else linear
+def quantized(weight_format: WeightFormat, linear: nn.Linear) -> nn.Module:
+    """The layer stored as `weight_format` says (the float layer itself for none)."""
+    if weight_format.quant == "int8":
+        return Int8Linear(linear)
+    return Int4Linear(linear, weight_format.group_size) if weight_format.quant == "int4" else linear
 
 
-FORMATS = [WeightFormat("none"), WeightFormat("int8")] + [WeightFormat("int4", group) for group in GROUP_SIZES]
+FORMATS = [WeightFormat("none"), WeightFormat("int8")] + [WeightFormat("int4", group) for group in INT4_GROUP_SIZES]
 KERNEL_ROWS = (1, 8, 512)
 
 
@@ -126,8 +116,8 @@ def cuda_kernel_table(repeats: int, device: torch.device) -> None:
         nn.init.normal_(linear.weight, std=in_features**-0.5)
         bfloat16 = copy.deepcopy(linear).to(torch.bfloat16)
         layers = [("none bf16", bfloat16, torch.bfloat16), ("none f32", linear, torch.float32)]
-        layers += [(weight_format.label, weight_format.quantize(linear), torch.bfloat16)
-                   for weight_format in FORMATS[1:] if weight_format.group_size in (None, 64, 128)]
+        layers += [(weight_format.label, quantized(weight_format, linear), torch.bfloat16)
+                   for weight_format in FORMATS[1:] if weight_format.group_size in (0, 64, 128)]
         for rows in KERNEL_ROWS:
             inputs = torch.randn(rows, in_features, device=device)
             expected = linear(inputs)
@@ -156,7 +146,7 @@ def kernel_table(repeats: int) -> None:
         inputs = torch.randn(rows, in_features)
         expected = linear(inputs)
         layers = [("none", linear), ("none oneDNN", _OneDnnLinear(linear))]
-        layers += [(weight_format.label, weight_format.quantize(linear)) for weight_format in FORMATS[1:]]
+        layers += [(weight_format.label, quantized(weight_format, linear)) for weight_format in FORMATS[1:]]
         baseline = None
         for label, layer in layers:
             cpu, wall = timed_us(lambda: layer(inputs), repeats if rows < 64 else max(5, repeats // 20))
@@ -186,7 +176,7 @@ def local_model(weight_format: WeightFormat, base: BloomForCausalLM) -> BloomFor
     the LM head stay float32), quantized block by block as a server would."""
     model = copy.deepcopy(base)
     for block in model.transformer.h:
-        quantize_linears(block, weight_format.kind, weight_format.group_size or 64)
+        quantize_block(block, weight_format)
     return model
 
 
@@ -203,8 +193,8 @@ def quality_table(device: torch.device) -> None:
     print(f"{'weights':<22} {'perplexity':>10} {'vs float32':>11} {'goal':>7}")
     reference = perplexity(base, ids)
     for weight_format in FORMATS:
-        value = reference if weight_format.kind == "none" else perplexity(local_model(weight_format, base), ids)
-        goal = GOALS.get(weight_format.kind)
+        value = reference if not weight_format.quantized else perplexity(local_model(weight_format, base), ids)
+        goal = GOALS.get(weight_format.quant)
         verdict = "" if goal is None else ("met" if value <= reference * (1 + goal) else "MISSED")
         print(f"{weight_format.label:<22} {value:>10.3f} {value / reference - 1:>+11.2%} {verdict:>7}")
     whole_bfloat16 = perplexity(copy.deepcopy(base).to(torch.bfloat16), ids)

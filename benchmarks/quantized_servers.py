@@ -48,7 +48,8 @@ from bloompeer.p2p import INFERENCE_PROTOCOL, CloseSession, OpenSession, PeerNod
 from bloompeer.p2p import read_frame, write_frame  # noqa: E402
 from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR, write_random_checkpoint  # noqa: E402
 from bloompeer.peer.cli.local_swarm import LocalSwarm  # noqa: E402
-from bloompeer.peer.server.quantization import WeightStorage  # noqa: E402
+from bloompeer.peer.server.stored_blocks import StoredBlocks  # noqa: E402
+from bloompeer.weight_format import WeightFormat  # noqa: E402
 from tests.wire import raw_stream  # noqa: E402
 
 KINDS = ("none", "int8", "int4")
@@ -201,7 +202,8 @@ def speed_table(name: str, log_dir: Path, rounds: int, placement: list[str], dty
                 server.wait_online(deadline)
             rows = asyncio.run(measure_servers(swarm, servers, path, num_blocks, hidden_size, rounds))
         for kind, row in rows.items():
-            row["weights"] = num_blocks * WeightStorage(kind, GROUP_SIZE).block_nbytes(checkpoint, dtype)
+            weights = WeightFormat.of(kind, GROUP_SIZE, str(dtype).removeprefix("torch."))
+            row["weights"] = StoredBlocks(checkpoint, weights).span_nbytes(0, num_blocks)
     none = rows["none"]
     print(f"\n{name} ({num_blocks} blocks, hidden {hidden_size}), one server of every block; load average {load()}")
     print(f"{'weights':<7} {'MiB stored':>10} {'x float':>7} {'peak RSS MiB':>12} {'decode ms':>9} {'x float':>7} "

@@ -11,25 +11,15 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
+from ..weight_format import DEVICE_KINDS, DTYPES, INT4_GROUP_SIZES, QUANT_KINDS, WeightFormat
 from .errors import ProtocolError
 from .maddrs import check_circuit_maddr, check_peer_maddr, peer_id_in
 
-__all__ = [
-    "INT4_GROUP_SIZES", "MAX_PUSH_RTTS", "MAX_RELAY_MADDRS", "MAX_RTT_S", "QUANT_KINDS", "RequestLimits",
-    "SERVER_DEVICES", "SERVER_DTYPES", "ServerState", "ServerRecord", "block_key",
-]
+__all__ = ["MAX_PUSH_RTTS", "MAX_RELAY_MADDRS", "MAX_RTT_S", "RequestLimits", "ServerState", "ServerRecord", "block_key"]
 
 MAX_PUSH_RTTS = 16  # servers a record may name round trips to (its nearest possible next hops)
 MAX_RTT_S = 60.0
 MAX_RELAY_MADDRS = 4  # addresses in relay_maddrs, and relays in via_relays
-# How a server may store its linear weights, and the 4-bit group sizes: those of
-# blocks/quantized_linear.py (the kernels'), which p2p does not import; tests/unit/test_records.py pins them
-QUANT_KINDS = ("none", "int8", "int4")
-INT4_GROUP_SIZES = (32, 64, 128, 256)
-# The dtypes a server computes in: tensors.FLOAT_DTYPES, named here so that records (and the command
-# line that reads them) need no torch; tests/unit/test_records.py pins them
-SERVER_DTYPES = ("float32", "bfloat16", "float16")
-SERVER_DEVICES = ("cpu", "cuda")  # the kinds of device a server computes on (serve --device)
 
 
 class ServerState(str, Enum):
@@ -69,7 +59,10 @@ class ServerRecord:
     end: int
     throughput: float  # decode tokens per second through one block, as measured or configured (0: unknown)
     cache_tokens_left: int  # KV cache room left, in tokens (batch x length)
-    dtype: str
+    # how it stores and computes its weights. On the wire: dtype, and quant, quant_group_size and
+    # device, which records of versions before them lack (they stored none, on the CPU): those are
+    # left out for none and for the CPU, so that such records read the same
+    weights: WeightFormat
     version: str  # bloompeer version
     weights_fingerprint: str
     relayed: bool  # reachable only through a libp2p relay
@@ -81,40 +74,24 @@ class ServerRecord:
     # the model family its blocks compute as (blocks/families.py: "bloom", "llama"); records of
     # versions before the field were all BLOOM's
     family: str = "bloom"
-    # how its linear weights are stored: none (the model's dtype), int8 (per output channel) or int4
-    # (in groups of quant_group_size inputs; 0 for the others). Records of versions before the
-    # fields stored none; both are left out on the wire for none, so they read the same
-    quant: str = "none"
-    quant_group_size: int = 0
-    # the kind of device it computes on (SERVER_DEVICES); left out on the wire for the CPU, so that
-    # records of versions before the field read as the CPU's, whose int8 arithmetic they had everywhere
-    device: str = "cpu"
     # this server relays for peers behind NAT: the addresses (ending /p2p/<its id>) they reserve on
     relay_maddrs: tuple[str, ...] = ()
     # this server is behind NAT: the relays' circuit addresses it is reached through now
     via_relays: tuple[str, ...] = ()
 
-    @property
-    def arithmetic(self) -> tuple[str, int, str, str]:
-        """(quant, group size, dtype, device for int8): two servers compute alike only if they store
-        their weights alike, compute in the same dtype and, for int8, on the same kind of device
-        (CUDA's int8 multiplies the rows as they are, the CPU's rounds them to int8 first:
-        blocks/quantized_linear.py). Measured on the H200 machine of scripts/device_check.sh:
-        bfloat16 against float32 differs by 3.6 % over the demo model's 6 blocks (a lie's size);
-        bfloat16 on the GPU against bfloat16 on the CPU by 0.9-1.6 % (none) and 1.1-1.7 % (int4),
-        but by 2.0-3.0 % for int8, beyond verification's 3 % once in a real swarm."""
-        return self.quant, self.quant_group_size, self.dtype, self.device if self.quant == "int8" else ""
-
     def to_wire(self) -> dict[str, Any]:
         wire = {**asdict(self), "state": self.state.value, "push_rtts_s": dict(self.push_rtts_s),
                 "relay_maddrs": list(self.relay_maddrs), "via_relays": list(self.via_relays)}
+        del wire["weights"]
+        weights = self.weights
+        wire["dtype"] = weights.dtype
+        if weights.quantized:
+            wire["quant"], wire["quant_group_size"] = weights.quant, weights.group_size
+        if weights.device != "cpu":
+            wire["device"] = weights.device
         for optional in ("push_rtts_s", "relay_maddrs", "via_relays"):  # left out when empty: reads as before them
             if not wire[optional]:
                 del wire[optional]
-        if self.quant == "none":
-            del wire["quant"], wire["quant_group_size"]
-        if self.device == "cpu":
-            del wire["device"]
         return wire
 
     def push_rtt_s(self, peer_id: str) -> float | None:
@@ -123,7 +100,7 @@ class ServerRecord:
 
     @classmethod
     def from_wire(cls, value: Any) -> ServerRecord:
-        if not isinstance(value, dict) or not _REQUIRED_FIELDS <= set(value) <= _RECORD_FIELDS:
+        if not isinstance(value, dict) or not _REQUIRED_FIELDS <= set(value) <= _WIRE_FIELDS:
             raise ProtocolError(f"a server record is a map with the fields of ServerRecord "
                                 f"({', '.join(sorted(_OPTIONAL_FIELDS))} optional)")
         checks = {
@@ -133,13 +110,13 @@ class ServerRecord:
             "end": lambda v: type(v) is int and v > value["start"],  # start is checked first
             "throughput": lambda v: type(v) in (int, float) and math.isfinite(v) and v >= 0,
             "cache_tokens_left": lambda v: type(v) is int and v >= 0,
-            "dtype": lambda v: isinstance(v, str) and v in SERVER_DTYPES,
+            "dtype": lambda v: isinstance(v, str) and v in DTYPES,
             "version": lambda v: isinstance(v, str) and len(v) <= 64,
             "weights_fingerprint": lambda v: isinstance(v, str) and len(v) <= 128,
             "relayed": lambda v: type(v) is bool,
             "family": lambda v: isinstance(v, str) and 0 < len(v) <= 32,
             "quant": lambda v: isinstance(v, str) and v in QUANT_KINDS,
-            "device": lambda v: isinstance(v, str) and v in SERVER_DEVICES,
+            "device": lambda v: isinstance(v, str) and v in DEVICE_KINDS,
             "quant_group_size": lambda v: type(v) is int and (
                 v in INT4_GROUP_SIZES if value["quant"] == "int4" else v == 0),  # quant is checked first
         }
@@ -147,7 +124,9 @@ class ServerRecord:
         for name, check in checks.items():
             if not check(value[name]):
                 raise ProtocolError(f"server record: bad {name} {str(value[name])[:40]!r}")
-        return cls(**{**value, "state": ServerState(value["state"]), "throughput": float(value["throughput"]),
+        weights = WeightFormat(*(value.pop(name) for name in _WEIGHT_FIELDS))
+        return cls(**{**value, "weights": weights, "state": ServerState(value["state"]),
+                      "throughput": float(value["throughput"]),
                       "limits": RequestLimits.from_wire(value["limits"]),
                       "push_rtts_s": _push_rtts_from_wire(value.get("push_rtts_s", {})),
                       "relay_maddrs": _maddrs_from_wire(value.get("relay_maddrs", []), "relay_maddrs",
@@ -180,9 +159,10 @@ def _push_rtts_from_wire(value: Any) -> tuple[tuple[str, float], ...]:
     return tuple(sorted((peer, float(rtt)) for peer, rtt in value.items()))
 
 
-_RECORD_FIELDS = frozenset(ServerRecord.__dataclass_fields__)
+_WEIGHT_FIELDS = ("quant", "quant_group_size", "dtype", "device")  # WeightFormat's fields, in its order, on the wire
+_WIRE_FIELDS = frozenset(ServerRecord.__dataclass_fields__) - {"weights"} | set(_WEIGHT_FIELDS)
 _OPTIONAL_FIELDS = frozenset({"push_rtts_s", "family", "quant", "quant_group_size", "device", "relay_maddrs",
                               "via_relays"})
-_REQUIRED_FIELDS = _RECORD_FIELDS - _OPTIONAL_FIELDS
+_REQUIRED_FIELDS = _WIRE_FIELDS - _OPTIONAL_FIELDS
 _LIMIT_FIELDS = frozenset(RequestLimits.__dataclass_fields__)
 _STATES = frozenset(state.value for state in ServerState)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..weight_format import DTYPES
 from . import codecs
 from .errors import ErrorCode, ProtocolError
 
@@ -26,7 +27,7 @@ WIRE_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
     "int64": torch.int64, "bool": torch.bool,
 }
-FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16"})
+FLOAT_DTYPES = frozenset(DTYPES)  # the dtypes servers compute in: activations travel in them
 # the product of a shape's nonzero dims: an empty tensor needs no bytes, so only this bounds its dims
 # (torch fails on sizes past int64, or whose product overflows); far beyond any real tensor
 MAX_TENSOR_EXTENT = 1 << 48

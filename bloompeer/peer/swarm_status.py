@@ -7,31 +7,23 @@ from typing import Any
 
 from ..p2p import ServerRecord, ServerState
 
-__all__ = ["missing_blocks", "status_data", "weights_label", "weights_on_offer"]
+__all__ = ["missing_blocks", "status_data", "weights_on_offer"]
 
 
 def status_data(model_uid: str, num_blocks: int, servers: dict[int, list[ServerRecord]]) -> dict[str, Any]:
     """{"model", "num_blocks", "missing": [block indices no online server covers], "weights": the ways
     online servers store the weights (weights_on_offer), "blocks": [{"index", "servers": [DHT record
-    as on the wire, plus "weights": weights_label(record)]}]}, from BlockDirectory.find_servers' answer."""
-    blocks = [{"index": i, "servers": [{**record.to_wire(), "weights": weights_label(record)}
+    as on the wire, plus "weights": WeightFormat.label]}]}, from BlockDirectory.find_servers' answer."""
+    blocks = [{"index": i, "servers": [{**record.to_wire(), "weights": record.weights.label}
                                        for record in servers.get(i, [])]} for i in range(num_blocks)]
     missing = missing_blocks(num_blocks, servers)
     return {"model": model_uid, "num_blocks": num_blocks, "missing": missing, "weights": weights_on_offer(servers),
             "blocks": blocks}
 
 
-def weights_label(record: ServerRecord) -> str:
-    """How a server stores its weights, in a word: its dtype (float32, bfloat16 ...), int8, or int4/64
-    (4-bit, groups of 64)."""
-    if record.quant == "int4":
-        return f"int4/{record.quant_group_size}"
-    return record.dtype if record.quant == "none" else record.quant
-
-
 def weights_on_offer(servers: dict[int, list[ServerRecord]]) -> list[str]:
-    """The ways online servers store the model's weights (weights_label), sorted."""
-    return sorted({weights_label(r) for records in servers.values() for r in records if r.state is ServerState.ONLINE})
+    """The ways online servers store the model's weights (WeightFormat.label), sorted."""
+    return sorted({r.weights.label for records in servers.values() for r in records if r.state is ServerState.ONLINE})
 
 
 def missing_blocks(num_blocks: int, servers: dict[int, list[ServerRecord]]) -> list[int]:

@@ -166,7 +166,7 @@ async def _close(node, streams) -> None:
 def _plan_mib(server) -> dict[str, float]:
     """The memory plan the server logged before loading: weights and fixed overhead, in MiB."""
     line = next(line for line in server.log_path.read_text().splitlines() if "Memory plan:" in line)
-    weights = float(re.search(r"= ([\d.]+) MiB \(float", line).group(1))
+    weights = float(re.search(r"blocks ([\d.]+) MiB as", line).group(1))
     fixed = float(re.search(r"fixed overhead ([\d.]+) MiB", line).group(1))
     return {"weights": weights, "fixed": fixed}
 

@@ -14,12 +14,13 @@ from bloompeer.p2p import (
 from bloompeer.peer.client.health import BanList
 from bloompeer.peer.client.routing import ServerFilter, SpanRoute
 from bloompeer.peer.client.swarm import SwarmView
+from bloompeer.weight_format import WeightFormat
 
 NUM_BLOCKS = 4
 
 
 def record(peer: str, start: int, end: int, max_length: int = 1024) -> ServerRecord:
-    return ServerRecord(peer, ServerState.ONLINE, start, end, 100.0, 1 << 20, "float32", "0", "f", False,
+    return ServerRecord(peer, ServerState.ONLINE, start, end, 100.0, 1 << 20, WeightFormat(), "0", "f", False,
                         RequestLimits(max_batch=8, max_length=max_length, max_step_tokens=4096))
 
 

@@ -8,6 +8,7 @@ from bloompeer.p2p import RequestLimits, ServerInfo, ServerRecord, ServerState
 from bloompeer.peer.server.block_choice import (
     MOVE_MARGIN, ServedSpan, choose_blocks, live_spans, plan_move, strengths,
 )
+from bloompeer.weight_format import WeightFormat
 
 
 def _span(peer, start, end, throughput=1.0):
@@ -114,7 +115,7 @@ def test_a_server_that_just_chose_its_blocks_does_not_move_right_away(seed):
 
 
 def _record(peer, start, end, state=ServerState.ONLINE, throughput=2.0):
-    return ServerRecord(peer, state, start, end, throughput, 100, "float32", "0", "f", False, RequestLimits(1, 1, 1))
+    return ServerRecord(peer, state, start, end, throughput, 100, WeightFormat(), "0", "f", False, RequestLimits(1, 1, 1))
 
 
 def _info(start, end, state="online", model="m"):

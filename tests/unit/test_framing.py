@@ -11,6 +11,7 @@ from bloompeer.p2p import (
 from bloompeer.p2p.framing import MAX_FRAME_ITEMS
 from bloompeer.p2p.messages import MAX_PUSH_HOPS
 from bloompeer.p2p.records import MAX_RELAY_MADDRS
+from bloompeer.weight_format import WeightFormat
 
 
 def test_pack_unpack_round_trip():
@@ -96,7 +97,7 @@ def test_the_largest_real_frames_fit_the_item_bound():
     assert decode_message(unpack(pack(PushStep("s", step).to_wire())), PushStep).step.push == hops
     limits = RequestLimits(max_batch=64, max_length=8192, max_step_tokens=65536)
     peer = "12D3KooW" + "a" * 44
-    record = ServerRecord(peer, ServerState.ONLINE, 0, 4, 1.0, 1, "float32", "0.1.0", "ab", True, limits,
+    record = ServerRecord(peer, ServerState.ONLINE, 0, 4, 1.0, 1, WeightFormat(), "0.1.0", "ab", True, limits,
                           push_rtts_s=tuple((f"{peer}{i:02d}", 0.5) for i in range(MAX_PUSH_RTTS)),
                           relay_maddrs=(f"/ip4/10.0.0.1/tcp/4000/p2p/{peer}",) * MAX_RELAY_MADDRS,
                           via_relays=(f"/ip6/::1/udp/4001/quic-v1/p2p/{peer}/p2p-circuit",) * MAX_RELAY_MADDRS)

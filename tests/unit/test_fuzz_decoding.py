@@ -11,6 +11,7 @@ from bloompeer.p2p import (
     ServerInfo, SessionReady, Step, StepOutput, decode_message, pack, unpack,
 )
 from bloompeer.p2p.records import RequestLimits, ServerRecord, ServerState
+from bloompeer.weight_format import WeightFormat
 
 ALL_TYPES = (OpenSession, SessionReady, Step, StepOutput, CloseSession, ForwardRequest, ErrorFrame, ServerInfo,
              PushStep)
@@ -84,7 +85,7 @@ def test_random_bytes_and_deep_nesting():
 
 def test_mutated_dht_records():
     rng = random.Random(3)
-    seed = ServerRecord("12D3KooW", ServerState.ONLINE, 0, 4, 10.0, 100, "float32", "0.1.0", "abc", False,
+    seed = ServerRecord("12D3KooW", ServerState.ONLINE, 0, 4, 10.0, 100, WeightFormat(), "0.1.0", "abc", False,
                         RequestLimits(64, 8192, 65536)).to_wire()
     for _ in range(2000):
         try:

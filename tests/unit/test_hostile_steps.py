@@ -86,8 +86,9 @@ async def test_a_failed_batch_reorders_the_beams_of_the_others_once(span, comput
 
 @pytest.fixture
 async def service(span, compute):
-    service = SpanService(span, "m", ServerConfig(model="m", start=0, end=2, cache_tokens=256), compute,
-                          ServerMetrics(), accepting=lambda: True)
+    cache_bytes = 256 * span.cache_nbytes(span.num_blocks, 1, 1, torch.float32)  # 256 tokens
+    service = SpanService(span, "m", ServerConfig(model="m", start=0, end=2), cache_bytes, compute, ServerMetrics(),
+                          accepting=lambda: True)
     yield service
     await service.retire()
 

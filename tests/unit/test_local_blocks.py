@@ -10,6 +10,7 @@ import torch
 from bloompeer.blocks import open_checkpoint
 from bloompeer.blocks.quantized_linear import Int8Linear
 from bloompeer.peer.client.verification import LocalBlocks
+from bloompeer.weight_format import WeightFormat
 
 HOLD_S = 2.0  # how long the first load waits for a second one to start (none does, once loads are locked)
 
@@ -54,12 +55,12 @@ def test_two_checks_needing_the_same_blocks_at_once_load_them_once():
 
 
 def test_int8_blocks_compute_as_the_checked_servers_device_does(tiny_checkpoint):
-    """CUDA's int8 arithmetic differs from the CPU's by up to verification's tolerance (records.py):
+    """CUDA's int8 arithmetic differs from the CPU's by up to verification's tolerance (weight_format.py):
     the client recomputes a CUDA server's span CUDA's way, and a CPU server's the CPU's."""
     local = LocalBlocks(open_checkpoint(tiny_checkpoint))
     hidden = torch.randn(1, 3, 64)
     for device, weight_only in [("cuda", True), ("cpu", False)]:
-        arithmetic = ("int8", 0, "float32", device)
+        arithmetic = WeightFormat("int8", device=device)
         local.forward(0, 2, hidden, None, None, arithmetic)
         layers = [m for m in local._spans[(0, 2, arithmetic)].modules() if isinstance(m, Int8Linear)]
         assert layers and all(layer.weight_only == weight_only for layer in layers)

@@ -2,10 +2,11 @@
 
 from bloompeer.p2p import RequestLimits, ServerRecord, ServerState
 from bloompeer.peer.server.push_rtts import next_hops
+from bloompeer.weight_format import WeightFormat
 
 
 def _record(peer, start, end, state=ServerState.ONLINE):
-    return ServerRecord(peer, state, start, end, 1.0, 100, "float32", "0", "f", False, RequestLimits(1, 1, 1))
+    return ServerRecord(peer, state, start, end, 1.0, 100, WeightFormat(), "0", "f", False, RequestLimits(1, 1, 1))
 
 
 def test_next_hops_hold_a_block_after_one_of_ours_nearest_first():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bloompeer.blocks.quantized_linear import DEFAULT_GROUP_SIZE
+from bloompeer.weight_format import DEFAULT_GROUP_SIZE
 from bloompeer.peer.cli.flags import client_config, server_config
 from bloompeer.peer.cli.main import build_parser
 from bloompeer.peer.server.config import ServerConfig

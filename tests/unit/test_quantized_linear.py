@@ -30,8 +30,9 @@ from bloompeer.blocks import BlockSpan, Segment
 from bloompeer.blocks.bloom import BloomSpan
 from bloompeer.blocks.llama import LlamaSpan
 from bloompeer.blocks.quantized_linear import (
-    GROUP_SIZES, Int4Linear, Int8Linear, QuantizedLinear, check_int4_shape, check_kernels, quantize_linears,
+    Int4Linear, Int8Linear, QuantizedLinear, check_int4_shape, check_kernels, quantize_block, quantize_linears,
 )
+from bloompeer.weight_format import INT4_GROUP_SIZES, WeightFormat
 
 DEVICE = torch.device(os.environ.get("BLOOMPEER_TEST_DEVICE", "cpu"))
 ON_CUDA = DEVICE.type == "cuda"
@@ -134,8 +135,8 @@ def quantized(kind: str, layer: nn.Linear, group_size: int = 64) -> QuantizedLin
     return Int8Linear(layer) if kind == "int8" else Int4Linear(layer, group_size)
 
 
-KINDS = [("int8", 64)] + [("int4", group) for group in GROUP_SIZES]
-KIND_IDS = ["int8"] + [f"int4-g{group}" for group in GROUP_SIZES]
+KINDS = [("int8", 64)] + [("int4", group) for group in INT4_GROUP_SIZES]
+KIND_IDS = ["int8"] + [f"int4-g{group}" for group in INT4_GROUP_SIZES]
 
 
 @pytest.mark.parametrize(("kind", "group_size"), KINDS, ids=KIND_IDS)
@@ -245,6 +246,10 @@ def test_int8_computes_as_its_device_does_unless_told_to_compute_as_cuda(float_l
     quantize_linears(as_cuda, "int8", int8_weight_only=True)
     rows = torch.randn(3, IN_FEATURES, device=DEVICE)
     assert as_cuda[0].weight_only and torch.equal(as_cuda[0].matmul(rows), as_cuda[0].weight_only_matmul(rows))
+    for device, weight_only in (("cuda", True), ("cpu", False)):  # the one hook of servers and clients alike
+        block = nn.Sequential(copy.deepcopy(float_layer))
+        quantize_block(block, WeightFormat("int8", device=device))
+        assert block[0].weight_only is weight_only
 
 
 def test_4bit_weights_refuse_to_run_on_another_device_than_they_were_packed_for(float_layer):

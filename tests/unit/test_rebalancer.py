@@ -9,12 +9,13 @@ from bloompeer.peer.server import rebalancer
 from bloompeer.peer.server.block_choice import ServedSpan
 from bloompeer.peer.server.metrics import ServerMetrics
 from bloompeer.peer.server.rebalancer import Rebalancer
+from bloompeer.weight_format import WeightFormat
 
 MODEL = "m"
 
 
 def _record(peer, start, end, state=ServerState.ONLINE):
-    return ServerRecord(peer, state, start, end, 1.0, 100, "float32", "0", "f", False, RequestLimits(1, 1, 1))
+    return ServerRecord(peer, state, start, end, 1.0, 100, WeightFormat(), "0", "f", False, RequestLimits(1, 1, 1))
 
 
 def _by_block(*records):

@@ -2,15 +2,11 @@ import dataclasses
 
 import pytest
 
-from bloompeer.blocks.quantized_linear import GROUP_SIZES, QUANT_KINDS
-from bloompeer.p2p import (
-    FLOAT_DTYPES, INT4_GROUP_SIZES, MAX_PUSH_RTTS, SERVER_DTYPES, ProtocolError, RequestLimits, ServerRecord,
-    ServerState, block_key,
-)
-from bloompeer.p2p import QUANT_KINDS as WIRE_QUANT_KINDS
+from bloompeer.p2p import MAX_PUSH_RTTS, ProtocolError, RequestLimits, ServerRecord, ServerState, block_key
+from bloompeer.weight_format import WeightFormat
 
 RECORD = ServerRecord(peer_id="12D3KooWabc", state=ServerState.ONLINE, start=0, end=4, throughput=12.5,
-                      cache_tokens_left=4096, dtype="float32", version="0.1.0", weights_fingerprint="ab12",
+                      cache_tokens_left=4096, weights=WeightFormat(), version="0.1.0", weights_fingerprint="ab12",
                       relayed=False, limits=RequestLimits(max_batch=64, max_length=8192, max_step_tokens=65536))
 
 
@@ -38,17 +34,15 @@ def test_the_family_travels_and_records_before_the_field_read_as_bloom():
     assert ServerRecord.from_wire(wire).family == "bloom"
 
 
-def test_the_weight_storage_travels_and_records_before_the_fields_read_as_none():
-    int4 = dataclasses.replace(RECORD, quant="int4", quant_group_size=32, dtype="bfloat16", device="cuda")
-    assert ServerRecord.from_wire(int4.to_wire()) == int4 and int4.arithmetic == ("int4", 32, "bfloat16", "")
-    int8 = dataclasses.replace(RECORD, quant="int8")
-    assert ServerRecord.from_wire(int8.to_wire()).arithmetic == ("int8", 0, "float32", "cpu")
-    int8_on_cuda = dataclasses.replace(int8, device="cuda")  # computes int8 otherwise than on the CPU
-    assert ServerRecord.from_wire(int8_on_cuda.to_wire()).arithmetic == ("int8", 0, "float32", "cuda")
+def test_the_weight_format_travels_and_records_before_its_fields_read_as_float_on_the_cpu():
+    int4 = dataclasses.replace(RECORD, weights=WeightFormat("int4", 32, "bfloat16", "cuda"))
+    wire = int4.to_wire()
+    assert (wire["quant"], wire["quant_group_size"], wire["dtype"], wire["device"]) == ("int4", 32, "bfloat16", "cuda")
+    assert ServerRecord.from_wire(wire) == int4
+    int8_on_cuda = dataclasses.replace(RECORD, weights=WeightFormat("int8", device="cuda"))
+    assert ServerRecord.from_wire(int8_on_cuda.to_wire()) == int8_on_cuda
     assert not {"quant", "quant_group_size", "device"} & set(RECORD.to_wire())  # as before the fields
-    assert ServerRecord.from_wire(RECORD.to_wire()).arithmetic == ("none", 0, "float32", "")
-    assert (WIRE_QUANT_KINDS, INT4_GROUP_SIZES) == (QUANT_KINDS, GROUP_SIZES)  # the wire's list is the kernels'
-    assert set(SERVER_DTYPES) == FLOAT_DTYPES  # a record's dtypes are the wire's float dtypes
+    assert ServerRecord.from_wire(RECORD.to_wire()).weights == WeightFormat("none", 0, "float32", "cpu")
 
 
 @pytest.mark.parametrize("storage", [

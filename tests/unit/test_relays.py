@@ -5,6 +5,7 @@ import dataclasses
 from bloompeer.p2p import (
     RELAY_SLOTS, RelaySlots, RequestLimits, ServerRecord, ServerState, announceable, relays_in_records,
 )
+from bloompeer.weight_format import WeightFormat
 
 IDS = [f"12D3KooW{chr(65 + i) * 44}" for i in range(5)]  # base58, distinct
 
@@ -12,7 +13,7 @@ IDS = [f"12D3KooW{chr(65 + i) * 44}" for i in range(5)]  # base58, distinct
 def _record(index: int, **change) -> ServerRecord:
     peer = IDS[index]
     record = ServerRecord(peer_id=peer, state=ServerState.ONLINE, start=0, end=1, throughput=1.0,
-                          cache_tokens_left=1, dtype="float32", version="0", weights_fingerprint="f", relayed=False,
+                          cache_tokens_left=1, weights=WeightFormat(), version="0", weights_fingerprint="f", relayed=False,
                           limits=RequestLimits(1, 1, 1), relay_maddrs=(_maddr(index),))
     return dataclasses.replace(record, **change)
 

@@ -7,11 +7,12 @@ from bloompeer.peer.client.routing import (
     RequestSize, ServerFilter, SpanRoute, choose_plan, choose_push_route, choose_route, missing_blocks,
     refusal_everywhere, usable_servers, why_no_route,
 )
+from bloompeer.weight_format import WeightFormat
 
 
 def _record(peer, start, end, state=ServerState.ONLINE, fingerprint="f", throughput=100.0, cache=1000,
             relayed=False, max_length=8192, push_rtts=()):
-    return ServerRecord(peer, state, start, end, throughput, cache, "float32", "0", fingerprint, relayed,
+    return ServerRecord(peer, state, start, end, throughput, cache, WeightFormat(), "0", fingerprint, relayed,
                         RequestLimits(max_batch=64, max_length=max_length, max_step_tokens=4096), tuple(push_rtts))
 
 
@@ -62,8 +63,8 @@ def test_unusable_servers_are_dropped():
 
 
 def test_servers_storing_weights_in_a_way_the_client_refuses_are_dropped():
-    records = [_record("float", 0, 4), dataclasses.replace(_record("int8", 0, 4), quant="int8"),
-               dataclasses.replace(_record("int4", 2, 4), quant="int4", quant_group_size=64)]
+    records = [_record("float", 0, 4), dataclasses.replace(_record("int8", 0, 4), weights=WeightFormat("int8")),
+               dataclasses.replace(_record("int4", 2, 4), weights=WeightFormat("int4", 64))]
     everyone = _by_block(records, 4)
     assert usable_servers(everyone, ServerFilter("f")) == everyone
     only_float = usable_servers(everyone, ServerFilter("f", quant=frozenset({"none"})))
@@ -73,8 +74,9 @@ def test_servers_storing_weights_in_a_way_the_client_refuses_are_dropped():
 
 
 def test_an_exact_client_uses_only_unquantized_servers_computing_in_its_dtype():
-    records = [_record("float32", 0, 4), dataclasses.replace(_record("bfloat16", 0, 4), dtype="bfloat16"),
-               dataclasses.replace(_record("int8", 0, 4), quant="int8")]
+    records = [_record("float32", 0, 4), dataclasses.replace(_record("bfloat16", 0, 4),
+                                                             weights=WeightFormat(dtype="bfloat16")),
+               dataclasses.replace(_record("int8", 0, 4), weights=WeightFormat("int8"))]
     exact = ServerFilter.of_client(ClientConfig(quant_allowed=("none",)), "f", "float32")
     assert {r.peer_id for r in usable_servers(_by_block(records, 4), exact)[0]} == {"float32"}
     assert why_no_route(_by_block(records[1:], 4), 0, 4, exact) == (

@@ -7,7 +7,7 @@ import torch
 
 from bloompeer.blocks import SessionCache
 from bloompeer.p2p import ErrorCode, ProtocolError, Step
-from bloompeer.peer.server.memory import CacheBudget
+from bloompeer.peer.server.cache_budget import CacheBudget
 from bloompeer.peer.server.scheduler import Scheduler
 from bloompeer.peer.server.sessions import SessionRegistry
 

@@ -19,8 +19,8 @@ from .conftest import SPAN_CONFIG
 async def test_a_retired_span_ends_its_sessions_refuses_work_and_frees_its_weights(compute):
     torch.manual_seed(0)
     span = BloomSpan(SPAN_CONFIG, 0, 2).eval().requires_grad_(False)
-    config = ServerConfig(model="m", start=0, end=2, cache_tokens=64)
-    service = SpanService(span, "m", config, compute, ServerMetrics(), accepting=lambda: True)
+    config = ServerConfig(model="m", start=0, end=2)
+    service = SpanService(span, "m", config, 1 << 20, compute, ServerMetrics(), accepting=lambda: True)
     ended = []
 
     async def deliver(message):
@@ -47,8 +47,8 @@ async def test_a_retired_span_ends_its_sessions_refuses_work_and_frees_its_weigh
 async def test_stopping_the_scheduler_refuses_what_waits_and_lets_the_running_pass_answer(compute):
     torch.manual_seed(0)
     span = BloomSpan(SPAN_CONFIG, 0, 2).eval().requires_grad_(False)
-    service = SpanService(span, "m", ServerConfig(model="m", start=0, end=2, cache_tokens=64), compute,
-                          ServerMetrics(), accepting=lambda: True)
+    service = SpanService(span, "m", ServerConfig(model="m", start=0, end=2), 1 << 20, compute, ServerMetrics(),
+                          accepting=lambda: True)
     busy = threading.Event()
     blocking = asyncio.ensure_future(compute.run(busy.wait))  # holds the compute thread: a pass waits on it
     hidden = torch.randn(1, 4, SPAN_CONFIG.hidden_size)

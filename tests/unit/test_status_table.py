@@ -3,11 +3,11 @@
 from bloompeer.p2p import RequestLimits, ServerRecord, ServerState
 from bloompeer.peer.cli.status_command import format_status
 from bloompeer.peer.swarm_status import status_data, weights_on_offer
+from bloompeer.weight_format import WeightFormat
 
 
-def _record(peer, start, end, state, **storage):
-    return ServerRecord(peer, state, start, end, 5.0, 100, "float32", "0", "f", False, RequestLimits(1, 1, 1),
-                        **storage)
+def _record(peer, start, end, state, weights=WeightFormat()):
+    return ServerRecord(peer, state, start, end, 5.0, 100, weights, "0", "f", False, RequestLimits(1, 1, 1))
 
 
 def test_a_moving_server_has_a_row_for_each_span():
@@ -26,9 +26,9 @@ def test_a_moving_server_has_a_row_for_each_span():
 
 def test_the_weights_column_says_how_each_server_stores_them():
     records = [_record("Qm" + "a" * 44, 0, 4, ServerState.ONLINE),
-               _record("Qm" + "b" * 44, 0, 4, ServerState.ONLINE, quant="int8"),
-               _record("Qm" + "c" * 44, 0, 4, ServerState.ONLINE, quant="int4", quant_group_size=64),
-               _record("Qm" + "d" * 44, 0, 4, ServerState.JOINING, quant="int4", quant_group_size=32)]
+               _record("Qm" + "b" * 44, 0, 4, ServerState.ONLINE, WeightFormat("int8")),
+               _record("Qm" + "c" * 44, 0, 4, ServerState.ONLINE, WeightFormat("int4", 64)),
+               _record("Qm" + "d" * 44, 0, 4, ServerState.JOINING, WeightFormat("int4", 32))]
     servers = {i: records for i in range(4)}
     rows = [line.split() for line in format_status("m", 4, servers).splitlines() if line.startswith("  …")]
     assert [row[3] for row in rows] == ["float32", "int8", "int4/64", "int4/32"]

@@ -182,7 +182,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def model_list(models: list[tuple[str, list[int], list[str]]], created: int) -> dict[str, Any]:
-    """models: (id, missing block indices, how online servers store the weights: swarm_status.weights_label)."""
+    """models: (id, missing block indices, how online servers store the weights: WeightFormat.label)."""
     return {"object": "list", "data": [
         {"id": model_id, "object": "model", "created": created, "owned_by": "bloompeer",
          "all_blocks_covered": not missing, "missing_blocks": missing, "weights": weights}

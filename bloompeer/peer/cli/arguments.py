@@ -11,12 +11,13 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from ...weight_format import QUANT_KINDS
+
 __all__ = [
-    "QUANT_KINDS", "block_range", "device_argument", "fraction", "listen_address", "model_argument",
+    "block_range", "device_argument", "fraction", "listen_address", "model_argument",
     "non_negative_float", "peer_address", "port", "positive_float", "positive_int", "probability", "quant_kinds",
 ]
 
-QUANT_KINDS = ("none", "int8", "int4")  # how servers store weights (p2p/records.py validates them on the wire)
 
 
 def model_argument(text: str) -> str:

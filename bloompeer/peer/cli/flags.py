@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 
+from ...weight_format import DTYPES, INT4_GROUP_SIZES, QUANT_KINDS
 from .arguments import (
-    QUANT_KINDS, block_range, device_argument, fraction, listen_address, model_argument, non_negative_float,
-    peer_address, port, positive_float, positive_int, quant_kinds,
+    block_range, device_argument, fraction, listen_address, model_argument, non_negative_float, peer_address, port,
+    positive_float, positive_int, quant_kinds,
 )
 from .default_model import DEMO_MODEL_DIR
 from .local_config import local_num_blocks
@@ -80,9 +81,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                             "as many blocks as the memory plan fits (counting --quant)")
     parser.add_argument("--device", default="cpu", type=device_argument,
                         help="where the blocks compute: cpu, cuda (the first GPU) or cuda:N (default: cpu)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="compute and cache dtype (default: float32)")
-    parser.add_argument("--quant", default=defaults.quant, choices=["none", "int8", "int4"],
+    parser.add_argument("--dtype", default=defaults.dtype, choices=DTYPES,
+                        help=f"compute and cache dtype (default: {defaults.dtype})")
+    parser.add_argument("--quant", default=defaults.quant, choices=QUANT_KINDS,
                         help="store the blocks' linear weights as int8 (one scale per output channel, about 0.26x "
                              "float32's bytes) or 4-bit (groups of --quant-group-size inputs, about 0.14x), quantized "
                              "as each block loads and computed by PyTorch's own kernels (int8: inputs rounded to int8 "
@@ -91,9 +92,9 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                              "but not equal (clients may refuse them with --quant-allowed). Norms, biases and the "
                              "cache stay in --dtype (default: none)")
     parser.add_argument("--quant-group-size", type=int, default=defaults.quant_group_size,
-                        choices=[32, 64, 128, 256], metavar="N",
-                        help=f"inputs per 4-bit group, one of 32, 64, 128, 256: smaller is closer to float and "
-                             f"a little larger ({defaults.quant_group_size})")
+                        choices=INT4_GROUP_SIZES, metavar="N",
+                        help=f"inputs per 4-bit group, one of {', '.join(map(str, INT4_GROUP_SIZES))}: smaller is "
+                             f"closer to float and a little larger ({defaults.quant_group_size})")
     group = parser.add_argument_group("capacity and limits (what one server gives its clients)")
     group.add_argument("--cache-tokens", type=positive_int, default=None, metavar="N",
                        help="attention cache for all sessions together, in tokens over the served blocks; a new "

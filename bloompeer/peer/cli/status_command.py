@@ -7,7 +7,7 @@ import json
 from typing import TYPE_CHECKING
 
 from .flags import add_model_flag, add_network_flags, network_config
-from ..swarm_status import missing_blocks, status_data, weights_label
+from ..swarm_status import missing_blocks, status_data
 
 if TYPE_CHECKING:
     from ...p2p import ServerRecord
@@ -49,7 +49,7 @@ def format_status(model_uid: str, num_blocks: int, servers: dict[int, list[Serve
                  f"{'cache room':>11} {'reach':<8}")
     for (peer_id, _, _), r in sorted(by_span.items(), key=lambda item: (item[1].start, item[0])):
         reach = "relayed" if r.relayed else "direct"
-        lines.append(f"  {_short(peer_id):<10} {f'{r.start}:{r.end}':>9} {r.state.value:<9} {weights_label(r):<8} "
+        lines.append(f"  {_short(peer_id):<10} {f'{r.start}:{r.end}':>9} {r.state.value:<9} {r.weights.label:<8} "
                      f"{r.throughput:>14.1f} "
                      f"{r.cache_tokens_left:>11} {reach:<8}")
     return "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...p2p import NetworkConfig
+from ...weight_format import QUANT_KINDS
 
 __all__ = ["ClientConfig"]
 
@@ -27,7 +28,7 @@ class ClientConfig:
     trusted_servers: tuple[str, ...] = ()  # if set, only these peer ids (base58) are ever used
     # only servers storing their weights in one of these ways (none, int8, int4) are used, for routing,
     # replay and verification alike; ("none",) alone asks for exact results (`exact`)
-    quant_allowed: tuple[str, ...] = ("none", "int8", "int4")
+    quant_allowed: tuple[str, ...] = QUANT_KINDS
     wire_codec: str = "raw"  # how forward/backward activations and gradients travel: raw, float16, bfloat16, int8-blockwise
     max_rows_per_request: int = 2048  # a larger forward or backward batch (batch x length) is sent in parts
 

@@ -113,10 +113,10 @@ class ServerFilter:
             return "other weights under this model's name"
         if self.trusted and record.peer_id not in self.trusted:
             return "not among the trusted servers"
-        if self.quant is not None and record.quant not in self.quant:
-            return f"weights stored as {record.quant}, which this client does not allow"
-        if self.dtype is not None and record.dtype != self.dtype:
-            return f"computes in {record.dtype}, and this client asks for exact {self.dtype} results"
+        if self.quant is not None and record.weights.quant not in self.quant:
+            return f"weights stored as {record.weights.quant}, which this client does not allow"
+        if self.dtype is not None and record.weights.dtype != self.dtype:
+            return f"computes in {record.weights.dtype}, and this client asks for exact {self.dtype} results"
         return None
 
 

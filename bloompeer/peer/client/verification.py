@@ -8,7 +8,7 @@ found wrong is banned for the rest of the session and its work is redone on anot
 
 Only servers that compute alike are compared: that store their weights the same way (none, int8,
 or int4 with the same group size), compute in the same dtype and, for int8, on the same kind of
-device (ServerRecord.arithmetic). An int8 server's honest outputs differ from a float one's, and a
+device (WeightFormat.arithmetic). An int8 server's honest outputs differ from a float one's, and a
 bfloat16 server's from a float32 one's, by as much as a lie does. The client's own recomputation
 loads its blocks the same way.
 """
@@ -24,9 +24,9 @@ from collections.abc import Collection
 
 import torch
 
-from ...blocks import BlockSpan, Checkpoint
-from ...blocks.quantized_linear import DEFAULT_GROUP_SIZE, int8_weight_only_on, quantize_linears
+from ...blocks import BlockSpan, Checkpoint, quantize_block
 from ...p2p import P2P, WIRE_DTYPES, RemoteError
+from ...weight_format import WeightFormat
 from .config import ClientConfig
 from .health import MISBEHAVIOR_BAN_S
 from .routing import SpanRoute
@@ -38,7 +38,6 @@ __all__ = ["LocalBlocks", "OutputVerifier", "relative_error", "tolerance_for"]
 logger = logging.getLogger(__name__)
 
 LOCAL_MAX_BLOCKS = 8  # the client recomputes at most this many blocks itself
-Arithmetic = tuple[str, int, str, str]  # ServerRecord.arithmetic: (quant, group size, dtype, device for int8)
 
 
 def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
@@ -47,16 +46,16 @@ def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
     return float((output.float() - reference).norm() / reference.norm().clamp_min(1e-12))
 
 
-def tolerance_for(dtype: torch.dtype, quantized: bool = False) -> float:
-    """How far an honest recomputation in the same arithmetic (ServerRecord.arithmetic) may drift: a
+def tolerance_for(arithmetic: WeightFormat) -> float:
+    """How far an honest recomputation in the same arithmetic (WeightFormat.arithmetic) may drift: a
     full forward and a step-by-step decode round differently, by far less than this in float32; half
     precisions drift more, and so do quantized weights, whose kernels round each layer's input and
     output to bfloat16 (a flipped rounding is 2^-8 of a value) and sum in an order that depends on
     the rows computed together. The same span in bfloat16 on an H200 and on the CPU differed by
     0.9-1.6 % (none) and 1.1-1.7 % (int4) over 6 to 24 blocks (scripts/device_check.sh's machine,
-    2026-12-04), int8 by 2.0-3.0 %, since CUDA computes it otherwise (ServerRecord.arithmetic keeps
+    2026-12-04), int8 by 2.0-3.0 %, since CUDA computes it otherwise (WeightFormat.arithmetic keeps
     the two apart); the test's lie is 5 %."""
-    return 1e-3 if dtype == torch.float32 and not quantized else 3e-2
+    return 1e-3 if arithmetic.dtype == "float32" and not arithmetic.quantized else 3e-2
 
 
 class LocalBlocks:
@@ -68,31 +67,29 @@ class LocalBlocks:
 
     def __init__(self, checkpoint: Checkpoint):
         self.checkpoint = checkpoint
-        self._spans: dict[tuple[int, int, Arithmetic], BlockSpan] = {}
+        self._spans: dict[tuple[int, int, WeightFormat], BlockSpan] = {}
         self._lock = threading.Lock()  # guards _loading
-        self._loading: dict[tuple[int, int, Arithmetic], threading.Lock] = {}
+        self._loading: dict[tuple[int, int, WeightFormat], threading.Lock] = {}
 
     def forward(self, start: int, end: int, hidden: torch.Tensor, padding_mask: torch.Tensor | None,
-                prompts: torch.Tensor | None, arithmetic: Arithmetic = ("none", 0, "float32", "")) -> torch.Tensor:
+                prompts: torch.Tensor | None, arithmetic: WeightFormat = WeightFormat()) -> torch.Tensor:
         """arithmetic: as the checked server's record says; the blocks are loaded in that dtype and
         quantized so, int8 computing as on that server's kind of device."""
         span = self._span(start, end, arithmetic)
-        dtype = WIRE_DTYPES[arithmetic[2]]
+        dtype = WIRE_DTYPES[arithmetic.dtype]
         prompts = None if prompts is None else prompts.to(dtype)
         with torch.inference_mode():
             return span(hidden.to(dtype), padding_mask, prompts=prompts).to(hidden.dtype)
 
-    def _span(self, start: int, end: int, arithmetic: Arithmetic) -> BlockSpan:
+    def _span(self, start: int, end: int, arithmetic: WeightFormat) -> BlockSpan:
         key = (start, end, arithmetic)
         with self._lock:
             loading = self._loading.setdefault(key, threading.Lock())
         with loading:
             if key not in self._spans:
-                quant, group_size, dtype, device = arithmetic  # device: set for int8 only
-                weight_only = quant == "int8" and int8_weight_only_on(device)
-                hook = None if quant == "none" else lambda block: quantize_linears(
-                    block, quant, group_size or DEFAULT_GROUP_SIZE, int8_weight_only=weight_only)
-                self._spans[key] = self.checkpoint.load_span(start, end, WIRE_DTYPES[dtype], prepare_block=hook)
+                self._spans[key] = self.checkpoint.load_span(
+                    start, end, WIRE_DTYPES[arithmetic.dtype],
+                    prepare_block=functools.partial(quantize_block, weights=arithmetic))
             return self._spans[key]
 
 
@@ -121,7 +118,7 @@ class OutputVerifier:
             logger.debug("No second opinion available for blocks %d:%d", route.start, route.end)
             return set()
         checker, checked = second[0], second[1][:, -num_new:]
-        tolerance = tolerance_for(WIRE_DTYPES[arithmetic[2]], quantized=arithmetic[0] != "none")
+        tolerance = tolerance_for(arithmetic)
         error = relative_error(output, checked)
         if error <= tolerance:
             return set()
@@ -139,15 +136,15 @@ class OutputVerifier:
                                       f"(relative error {error:.3g})", duration_s=MISBEHAVIOR_BAN_S)
         return liars
 
-    def _arithmetic_of(self, route: SpanRoute) -> Arithmetic | None:
+    def _arithmetic_of(self, route: SpanRoute) -> WeightFormat | None:
         """How the route's server computes, as its record says (None: no record seen)."""
         for record in self.swarm.servers.get(route.start, []):
             if record.peer_id == route.peer_id_str:
-                return record.arithmetic
+                return record.weights.arithmetic
         return None
 
     async def _opinion(self, route: SpanRoute, inputs: torch.Tensor, padding_mask: torch.Tensor | None,
-                       prompts: torch.Tensor | None, arithmetic: Arithmetic | None,
+                       prompts: torch.Tensor | None, arithmetic: WeightFormat | None,
                        exclude: Collection[str]) -> tuple[str, torch.Tensor] | None:
         """("peer id" or "local", output of blocks [start, end) for `inputs` computed as `arithmetic`
         says), or None if nobody else can."""
@@ -166,10 +163,10 @@ class OutputVerifier:
             return "local", output
         return None
 
-    def _servers_covering(self, route: SpanRoute, exclude: Collection[str], arithmetic: Arithmetic) -> list[str]:
+    def _servers_covering(self, route: SpanRoute, exclude: Collection[str], arithmetic: WeightFormat) -> list[str]:
         """Servers announcing all of the route's blocks, computing as `arithmetic` says, nearest first."""
         banned = self.swarm.bans.banned()
         peers = {r.peer_id for r in self.swarm.servers.get(route.start, [])
                  if r.start <= route.start and route.end <= r.end and r.peer_id not in exclude
-                 and r.peer_id not in banned and r.arithmetic == arithmetic}
+                 and r.peer_id not in banned and r.weights.arithmetic == arithmetic}
         return sorted(peers, key=lambda peer: self.swarm.rtts_s.get(peer, float("inf")))

@@ -25,7 +25,7 @@ class SpanBackend:
                  scheduler: Scheduler, accepting: Callable[[], bool], metrics: ServerMetrics):
         self.span, self.model_uid, self.config = span, model_uid, config
         self.registry, self.scheduler, self.accepting, self.metrics = registry, scheduler, accepting, metrics
-        self.dtype = getattr(torch, config.dtype)
+        self.dtype = config.torch_dtype
         self.hidden_size = span.config.hidden_size
 
     def _check_serving(self, model: str, start: int, end: int) -> None:

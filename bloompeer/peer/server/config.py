@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...p2p import DEFAULT_MAX_FRAME_BYTES, NetworkConfig
+from ...weight_format import DEFAULT_GROUP_SIZE, WeightFormat
 
 __all__ = ["ServerConfig"]
 
@@ -19,7 +20,7 @@ class ServerConfig:
     device: str = "cpu"
     dtype: str = "float32"  # compute and cache dtype: float32, bfloat16 or float16
     quant: str = "none"  # how the blocks' linear weights are stored: none (in dtype), int8 or int4
-    quant_group_size: int = 64  # inputs per 4-bit group (blocks/quantized_linear.py DEFAULT_GROUP_SIZE; a test pins it)
+    quant_group_size: int = DEFAULT_GROUP_SIZE  # inputs per 4-bit group (int4 only)
     announce_period_s: float = 30.0  # how often the DHT record is refreshed; it expires after 3 periods
     cache_tokens: int | None = None  # KV cache of all sessions, in tokens over the whole span (None: from free memory)
     session_timeout_s: float = 300.0  # a session with no step for this long is closed
@@ -44,3 +45,14 @@ class ServerConfig:
     move_delay_s: float = 5.0
     metrics_port: int | None = None  # serve Prometheus metrics at http://metrics_host:PORT/metrics (0: any free port)
     metrics_host: str = "127.0.0.1"  # where the metrics endpoint listens (0.0.0.0: for a Prometheus elsewhere)
+
+    @property
+    def weights(self) -> WeightFormat:
+        """How this server stores and computes its weights (dtype, quant, group size, device kind)."""
+        return WeightFormat.of(self.quant, self.quant_group_size, self.dtype, self.device)
+
+    @property
+    def torch_dtype(self):
+        import torch  # this module stays light: the command line builds configs before torch loads
+
+        return getattr(torch, self.dtype)

@@ -1,7 +1,11 @@
 """The memory a server will need, reckoned before it loads anything: its blocks' weights as stored
-(--quant), any second copy of them, the attention cache budget and the process's fixed overhead,
-against the memory available. `serve` logs the plan, refuses to start in one line when it does not
-fit, and with a bare --num-blocks serves as many blocks as fit.
+(--quant), any second copy of them, the attention cache and the process's fixed overhead, against
+the memory available. `serve` logs the plan, refuses to start in one line when it does not fit, with
+a bare --num-blocks serves as many blocks as fit, and gives its cache the plan's figure: the one
+place that knows what is available (a container's cgroup limit as well as the host's free memory).
+
+Blocks of one model may differ in size (stored_blocks.py): a plan for blocks a server will choose
+later (--num-blocks K) counts the largest K consecutive blocks of the model.
 
 The fixed overhead is measured, not guessed: the process's own resident set when the plan is made
 (interpreter, torch, transformers; before the network is joined and any block loaded), plus
@@ -13,16 +17,16 @@ RSS to 1.15x the plan's weights, cache in use and overhead, for each --quant.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from ...blocks import Checkpoint
 from ...errors import RequestError
+from ...weight_format import WeightFormat
 from .config import ServerConfig
-from .memory import CPU_MEMORY_SHARE, GPU_MEMORY_SHARE
-from .quantization import WeightStorage
+from .stored_blocks import StoredBlocks
 
 __all__ = ["MemoryPlan", "MemoryPlanError", "available_bytes", "plan_memory", "rss_bytes"]
 
@@ -37,6 +41,11 @@ WORKING_BYTES = 96 * 2**20
 # With a bare --num-blocks and no --cache-tokens, blocks take at most this share of the memory left
 # after the fixed overhead; the cache then gets its default share of what remains after loading
 FIT_WEIGHTS_SHARE = 0.5
+# Without --cache-tokens, the cache's share of what is left once the blocks are in: on the CPU the
+# rest is the host's (and the OS's page cache); a GPU's memory is the server's alone
+CPU_CACHE_SHARE = 0.5
+GPU_CACHE_SHARE = 0.8
+CGROUP_DIR = Path("/sys/fs/cgroup")  # where a container's memory limit is read (v2, else v1 under memory/)
 _MIB = 2**20
 
 
@@ -66,12 +75,11 @@ def available_bytes(device: str) -> int:
 
 
 def _cgroup_room() -> int | None:
-    for limit_path, usage_path in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit_name, usage_name in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
         try:
-            with open(limit_path) as limit_file, open(usage_path) as usage_file:
-                limit, usage = limit_file.read().strip(), usage_file.read().strip()
+            limit = (CGROUP_DIR / limit_name).read_text().strip()
+            usage = (CGROUP_DIR / usage_name).read_text().strip()
         except OSError:
             continue
         if limit == "max" or int(limit) >= 2**60:
@@ -82,66 +90,81 @@ def _cgroup_room() -> int | None:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    storage: WeightStorage
-    num_blocks: int
-    block_bytes: int  # one block as stored
-    float_block_bytes: int  # one block in the model's dtype, for comparison
-    copy_bytes: int  # weights copied to compute with (WeightStorage.working_copy_nbytes; batched passes copy none)
-    cache_bytes: int  # the attention cache budget (--cache-tokens, or its default share)
+    weights: WeightFormat
+    num_blocks: int  # the blocks it serves
+    weights_bytes: int  # their weights as stored (the largest such run of the model's blocks, if not chosen yet)
+    float_weights_bytes: int  # the same blocks in the model's dtype, for comparison
+    copy_bytes: int  # weights copied to compute with (StoredBlocks.working_copy_nbytes; batched passes copy none)
+    cache_bytes: int  # the attention cache budget (--cache-tokens, or its default share): what the server uses
     fixed_bytes: int  # the process before loading, plus WORKING_BYTES
     available_bytes: int  # the process's present RSS plus what it may still take
-
-    @property
-    def weights_bytes(self) -> int:
-        return self.num_blocks * self.block_bytes
 
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.copy_bytes + self.cache_bytes + self.fixed_bytes
 
     def __str__(self) -> str:
-        return (f"weights {self.num_blocks} blocks x {self.block_bytes / _MIB:.1f} MiB as {self.storage} = "
-                f"{self.weights_bytes / _MIB:.1f} MiB (float: {self.num_blocks * self.float_block_bytes / _MIB:.1f}), "
-                f"copy {self.copy_bytes / _MIB:.0f} MiB, cache {self.cache_bytes / _MIB:.1f} MiB, fixed overhead "
-                f"{self.fixed_bytes / _MIB:.1f} MiB; total {self.total_bytes / _MIB:.1f} MiB of "
-                f"{self.available_bytes / _MIB:.1f} MiB available")
+        return (f"weights of {self.num_blocks} blocks {self.weights_bytes / _MIB:.1f} MiB as {self.weights} "
+                f"(float: {self.float_weights_bytes / _MIB:.1f}), copy {self.copy_bytes / _MIB:.0f} MiB, cache "
+                f"{self.cache_bytes / _MIB:.1f} MiB, fixed overhead {self.fixed_bytes / _MIB:.1f} MiB; total "
+                f"{self.total_bytes / _MIB:.1f} MiB of {self.available_bytes / _MIB:.1f} MiB available")
 
 
-def plan_memory(config: ServerConfig, checkpoint: Checkpoint, num_blocks: int | None,
-                storage: WeightStorage) -> MemoryPlan:
-    """The plan for `num_blocks` blocks (None: as many as fit, at most the model's); MemoryPlanError
-    if it does not fit."""
-    dtype = getattr(torch, config.dtype)
-    block_bytes = storage.block_nbytes(checkpoint, dtype)
-    float_block_bytes = WeightStorage("none", storage.group_size).block_nbytes(checkpoint, dtype)
+def plan_memory(config: ServerConfig, checkpoint: Checkpoint, wanted: range | int | None) -> MemoryPlan:
+    """The plan for `wanted` blocks: these (a range), any run of this many (a count: chosen later), or
+    as many as fit (None). MemoryPlanError if it does not fit."""
+    stored = StoredBlocks(checkpoint, config.weights)
     on_cpu = torch.device(config.device).type == "cpu"
     fixed = (rss_bytes() if on_cpu else 0) + WORKING_BYTES
-    copy = storage.working_copy_nbytes(checkpoint, dtype, config.device)
+    copy = stored.working_copy_nbytes()
     available = available_bytes(config.device) + (fixed - WORKING_BYTES)
-    block_cache_bytes = None  # --cache-tokens over one block
+    token_bytes = _token_bytes(checkpoint, config.torch_dtype)  # one token's cache over one block
+    if wanted is None:
+        wanted = _count_that_fits(config, stored, available - fixed - copy, token_bytes)
+    if isinstance(wanted, range):
+        weights_bytes, num_blocks = stored.span_nbytes(wanted.start, wanted.stop), len(wanted)
+        float_bytes = StoredBlocks(checkpoint, _float(config)).span_nbytes(wanted.start, wanted.stop)
+    else:
+        weights_bytes, num_blocks = stored.largest_span_nbytes(wanted), wanted
+        float_bytes = StoredBlocks(checkpoint, _float(config)).largest_span_nbytes(wanted)
     if config.cache_tokens is not None:
-        with torch.device("meta"):
-            span = checkpoint.family.span_class(checkpoint.config(), 0, 1)
-        block_cache_bytes = config.cache_tokens * span.cache_nbytes(1, 1, 1, dtype)
-    if num_blocks is None:
-        room = available - fixed - copy
-        if block_cache_bytes is None:
-            room *= FIT_WEIGHTS_SHARE
-        num_blocks = min(checkpoint.config().num_hidden_layers,
-                         max(0, int(room // (block_bytes + (block_cache_bytes or 0)))))
-        if num_blocks == 0:
-            raise MemoryPlanError(
-                f"not one block fits: a block takes {block_bytes / _MIB:.1f} MiB as {storage} (and "
-                f"{(block_cache_bytes or 0) / _MIB:.1f} MiB of --cache-tokens), and {max(0, room) / _MIB:.1f} MiB of "
-                f"{available / _MIB:.1f} MiB is left for them after the fixed overhead ({fixed / _MIB:.1f} MiB); "
-                f"try --quant int8 or int4, or a smaller --cache-tokens")
-    if block_cache_bytes is not None:
-        cache_bytes = block_cache_bytes * num_blocks
-    else:  # the default: a share of what is left once the blocks are in (memory.default_cache_bytes)
-        share = CPU_MEMORY_SHARE if on_cpu else GPU_MEMORY_SHARE
-        cache_bytes = int(max(0, available - fixed - copy - num_blocks * block_bytes) * share)
-    plan = MemoryPlan(storage, num_blocks, block_bytes, float_block_bytes, copy, cache_bytes, fixed, available)
+        cache_bytes = config.cache_tokens * num_blocks * token_bytes
+    else:
+        share = CPU_CACHE_SHARE if on_cpu else GPU_CACHE_SHARE
+        cache_bytes = int(max(0, available - fixed - copy - weights_bytes) * share)
+    plan = MemoryPlan(config.weights, num_blocks, weights_bytes, float_bytes, copy, cache_bytes, fixed, available)
     if plan.total_bytes > available or cache_bytes == 0:
         raise MemoryPlanError(f"not enough memory for this server: {plan}; serve fewer blocks (--blocks, "
                               f"--num-blocks), store them smaller (--quant int8 or int4) or lower --cache-tokens")
     return plan
+
+
+def _count_that_fits(config: ServerConfig, stored: StoredBlocks, room: int, token_bytes: int) -> int:
+    """The most blocks any run of which fits in `room` with its cache (--cache-tokens; by default the
+    blocks take at most FIT_WEIGHTS_SHARE of it), at most the model's."""
+    if config.cache_tokens is None:
+        room *= FIT_WEIGHTS_SHARE
+    cache_per_block = (config.cache_tokens or 0) * token_bytes
+    count = 0
+    for length in range(1, len(stored.block_nbytes) + 1):
+        if stored.largest_span_nbytes(length) + length * cache_per_block > room:
+            break
+        count = length
+    if count == 0:
+        largest = max(stored.block_nbytes)
+        raise MemoryPlanError(
+            f"not one block fits: the largest takes {largest / _MIB:.1f} MiB as {stored.weights} (and "
+            f"{cache_per_block / _MIB:.1f} MiB of --cache-tokens), and {max(0, room) / _MIB:.1f} MiB is left for "
+            f"them after the fixed overhead; try --quant int8 or int4, or a smaller --cache-tokens")
+    return count
+
+
+def _token_bytes(checkpoint: Checkpoint, dtype: torch.dtype) -> int:
+    """Cache bytes of one token over one block (every block of today's families caches alike)."""
+    with torch.device("meta"):
+        span = checkpoint.family.span_class(checkpoint.config(), 0, 1)
+    return span.cache_nbytes(1, 1, 1, dtype)
+
+
+def _float(config: ServerConfig) -> WeightFormat:
+    return WeightFormat.of("none", dtype=config.dtype, device=config.device)

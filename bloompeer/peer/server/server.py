@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import torch
 
 from ..._version import __version__
-from ...blocks import BlockSpan, Checkpoint, open_checkpoint
+from ...blocks import BlockSpan, Checkpoint, open_checkpoint, quantize_block
 from ...p2p import (
     BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, PeerNode, RelaySlots,
     ServerInfo, RequestLimits, ServerRecord, ServerState, announceable, get_dht_time, relays_in_records, serve,
@@ -34,11 +34,11 @@ from .memory_plan import MemoryPlan, plan_memory
 from .metrics import LiveState, MetricsEndpoint, ServerMetrics
 from .push import PushSender
 from .push_rtts import PushRtts
-from .quantization import WeightStorage
 from .reachability import Joined, behind_relays, join_network
 from .rebalancer import Rebalancer
 from .relay_keeper import RelayKeeper
 from .span_service import SpanService
+from .stored_blocks import StoredBlocks
 from .startup_clock import StartupClock
 from .throughput import MEASURE_STEPS, QUICK_STEPS, cached_throughput, measure_throughput
 
@@ -69,7 +69,6 @@ class Server:
         self.model_uid = checkpoint.model_uid
         self.fingerprint = checkpoint.fingerprint()
         self.start, self.end = config.start, config.end
-        self.storage = WeightStorage(config.quant, config.quant_group_size)
         self.memory_plan = memory_plan  # made before anything started: how many blocks, in what memory
         self.throughput = config.throughput or 0.0
         self.state = ServerState.JOINING
@@ -101,10 +100,9 @@ class Server:
         if config.start is None and not 0 <= config.num_blocks <= num_blocks:
             raise ValueError(f"--num-blocks {config.num_blocks} is not between 1 and {checkpoint.model_uid}'s "
                              f"{num_blocks} blocks")
-        storage = WeightStorage(config.quant, config.quant_group_size)
-        storage.check(checkpoint, config.device)
-        wanted = config.end - config.start if config.start is not None else config.num_blocks or None
-        plan = plan_memory(config, checkpoint, wanted, storage)  # before the network: a refusal costs nothing
+        StoredBlocks(checkpoint, config.weights).check(config.device)
+        wanted = range(config.start, config.end) if config.start is not None else config.num_blocks or None
+        plan = plan_memory(config, checkpoint, wanted)  # before the network: a refusal costs nothing
         logger.info("Memory plan: %s", plan)
         joining = time.monotonic()
         if config.check_reachability:
@@ -211,18 +209,18 @@ class Server:
     async def _load_while_joining(self) -> BlockSpan:
         """Load blocks [start, end) in the compute thread (the loop, and the DHT node, stay responsive)
         while announcing them as joining, which costs no time."""
-        load = functools.partial(self.checkpoint.load_span, self.start, self.end, getattr(torch, self.config.dtype),
-                                 self.config.device, self.storage.block_hook())
+        load = functools.partial(self.checkpoint.load_span, self.start, self.end, self.config.torch_dtype,
+                                 self.config.device, functools.partial(quantize_block, weights=self.config.weights))
         span, _ = await asyncio.gather(self.compute.run(load), self.announce())
         return span
 
     async def _measure_throughput(self, span: BlockSpan) -> float:
         """Measured once per model, device, dtype and torch version, then read from the cache; a quick
         estimate is only for this run."""
-        config, dtype = self.config, getattr(torch, self.config.dtype)
+        config, dtype, weights = self.config, self.config.torch_dtype, self.config.weights
         key = f"{self.fingerprint}|{config.device}|{config.dtype}|{torch.__version__}"
-        if self.storage.kind != "none":
-            key += f"|{self.storage.kind}|{self.storage.announced_group_size}"
+        if weights.quantized:
+            key += f"|{weights.quant}|{weights.group_size}"
         steps = QUICK_STEPS if config.quick_throughput else MEASURE_STEPS
 
         def measure() -> float:
@@ -238,8 +236,8 @@ class Server:
         service accepts while this server is online and the service is the one it serves."""
         if self.config.max_batch_sessions != 1:
             span.use_batched_linears()
-        service = SpanService(span, self.model_uid, self.config, self.compute, self.metrics,
-                              accepting=lambda: self.state is ServerState.ONLINE and self.service is service)
+        service = SpanService(span, self.model_uid, self.config, self.memory_plan.cache_bytes, self.compute,
+                              self.metrics, accepting=lambda: self.state is ServerState.ONLINE and self.service is service)
         return service
 
     def _served_span(self) -> ServedSpan:
@@ -281,13 +279,11 @@ class Server:
         return ServerRecord(
             peer_id=self.node.peer_id_str, state=self.state, start=self.start, end=self.end,
             throughput=self.throughput, cache_tokens_left=self.service.budget.tokens_left if self.service else 0,
-            dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint,
+            weights=self.config.weights, version=__version__, weights_fingerprint=self.fingerprint,
             relayed=self.relays is not None, relay_maddrs=announceable(self.relay_maddrs),
             via_relays=self.relays.announced() if self.relays is not None else (),
             limits=RequestLimits(self.config.max_batch, self.config.max_length, self.config.max_step_tokens),
             push_rtts_s=self.push_rtts.announced(), family=self.checkpoint.family.name,
-            quant=self.storage.kind, quant_group_size=self.storage.announced_group_size,
-            device=torch.device(self.config.device).type,
         )
 
     async def announce(self, record: ServerRecord | None = None, blocks: list[int] | None = None) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ...blocks import SessionCache
 from ...p2p import ErrorCode, Message, ProtocolError
-from .memory import CacheBudget
+from .cache_budget import CacheBudget
 
 __all__ = ["Session", "SessionRegistry"]
 

@@ -12,13 +12,11 @@ import gc
 import logging
 from collections.abc import Callable
 
-import torch
-
 from ...blocks import BlockSpan
 from .backend import SpanBackend
 from .compute import ComputeWorker
 from .config import ServerConfig
-from .memory import CacheBudget, default_cache_bytes
+from .cache_budget import CacheBudget
 from .metrics import ServerMetrics
 from .scheduler import Scheduler
 from .sessions import SessionRegistry
@@ -32,17 +30,13 @@ class SpanService:
     """Serves blocks [span.start, span.end) until retired; accepts requests while `accepting()` says
     so and it is not retired (a retired one refuses every request, whoever still holds it)."""
 
-    def __init__(self, span: BlockSpan, model_uid: str, config: ServerConfig, compute: ComputeWorker,
-                 metrics: ServerMetrics, accepting: Callable[[], bool]):
+    def __init__(self, span: BlockSpan, model_uid: str, config: ServerConfig, cache_bytes: int,
+                 compute: ComputeWorker, metrics: ServerMetrics, accepting: Callable[[], bool]):
+        """cache_bytes: the attention cache's budget, the memory plan's (MemoryPlan.cache_bytes)."""
         self.span, self.retired = span, False
-        dtype = getattr(torch, config.dtype)
-        bytes_per_token = span.cache_nbytes(span.num_blocks, 1, 1, dtype)
-        if config.cache_tokens is not None:
-            budget_bytes = config.cache_tokens * bytes_per_token
-        else:
-            budget_bytes = default_cache_bytes(config.device)
-        self.budget = CacheBudget(budget_bytes, bytes_per_token)
-        logger.info("Attention cache: %d tokens (%.1f MiB)", self.budget.tokens_left, budget_bytes / 2**20)
+        dtype = config.torch_dtype
+        self.budget = CacheBudget(cache_bytes, span.cache_nbytes(span.num_blocks, 1, 1, dtype))
+        logger.info("Attention cache: %d tokens (%.1f MiB)", self.budget.tokens_left, cache_bytes / 2**20)
         self.registry = SessionRegistry(self.budget, config.max_sessions_per_peer, config.session_timeout_s)
         self.scheduler = Scheduler(span, compute, config.max_batch_tokens, config.device, dtype,
                                    config.max_batch_sessions, metrics)

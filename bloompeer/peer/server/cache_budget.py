@@ -1,4 +1,5 @@
-"""The server's attention-cache memory: a fixed budget, handed out whole to sessions as they open.
+"""The server's attention-cache memory: a fixed budget (the memory plan's, memory_plan.py), handed
+out whole to sessions as they open.
 
 A session reserves batch x max_length tokens of cache for its blocks when it opens, never
 more later, so a server that accepted a session can always finish it. An open that does not
@@ -8,33 +9,10 @@ fit waits for sessions to close, up to the client's allocation timeout.
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
-
-import torch
 
 from ...p2p import ErrorCode, ProtocolError
 
-__all__ = ["CacheBudget", "default_cache_bytes"]
-
-logger = logging.getLogger(__name__)
-
-CPU_MEMORY_SHARE = 0.5  # of the memory available after loading the blocks
-GPU_MEMORY_SHARE = 0.8
-
-
-def default_cache_bytes(device: str) -> int:
-    """A share of the memory free now (call it after the blocks are loaded)."""
-    if torch.device(device).type == "cuda":
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free * GPU_MEMORY_SHARE)
-    try:
-        with open("/proc/meminfo") as meminfo:
-            fields = dict(line.split(":", 1) for line in meminfo)
-        available = int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    return int(available * CPU_MEMORY_SHARE)
+__all__ = ["CacheBudget"]
 
 
 class CacheBudget:
