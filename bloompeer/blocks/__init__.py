@@ -6,15 +6,15 @@ family.py what the rest of bloompeer asks a family, families.py which families t
 """
 
 from .checkpoint import Checkpoint, CheckpointError, open_checkpoint
-from .families import FAMILIES, family_for_model_type, family_named, served_model_types
-from .family import ModelFamily
+from .families import FAMILIES, family_for_model_type, served_model_types
+from .family import ClientParts, ModelFamily
 from .kv_cache import SessionCache, token_positions
 from .quantized_linear import quantize_block
 from .rope import ROPE_TYPES
 from .span import BlockSpan, Segment
 
 __all__ = [
-    "BlockSpan", "Checkpoint", "CheckpointError", "FAMILIES", "ModelFamily", "ROPE_TYPES", "Segment", "SessionCache",
-    "family_for_model_type", "family_named", "open_checkpoint", "quantize_block", "served_model_types",
+    "BlockSpan", "Checkpoint", "CheckpointError", "ClientParts", "FAMILIES", "ModelFamily", "ROPE_TYPES", "Segment",
+    "SessionCache", "family_for_model_type", "open_checkpoint", "quantize_block", "served_model_types",
     "token_positions",
 ]

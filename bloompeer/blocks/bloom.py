@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BloomConfig
 
-from .family import ModelFamily
+from .family import ClientParts, ModelFamily
 from .span import BlockSpan, Linear, Segment, allowed_keys
 
 __all__ = ["BLOOM", "BloomSpan", "alibi_bias", "bloom_gelu"]
@@ -101,6 +101,10 @@ class _Mlp(nn.Module):
         self.dense_h_to_4h = nn.Linear(config.hidden_size, 4 * config.hidden_size)
         self.dense_4h_to_h = nn.Linear(4 * config.hidden_size, config.hidden_size)
 
+    def compute(self, hidden: torch.Tensor, linear: Linear) -> torch.Tensor:
+        """hidden [rows..., hidden] (normed) -> [rows..., hidden], before the residual."""
+        return linear(self.dense_4h_to_h, bloom_gelu(linear(self.dense_h_to_4h, hidden)))
+
 
 class BloomBlock(nn.Module):
     """The parameters of BLOOM block `layer_idx`, named as in a checkpoint; BloomSpan computes with them."""
@@ -155,18 +159,21 @@ class BloomSpan(BlockSpan):
 
     def block_forward(self, block: BloomBlock, hidden: torch.Tensor, attention: list[_AttentionInputs],
                       rows: list[int], linear: Linear) -> torch.Tensor:
-        """BloomBlock.forward, with attention done segment by segment. hidden: [rows..., hidden]."""
+        """BloomBlock.forward: attention, then the MLP, each added to its residual. hidden: [rows..., hidden]."""
         post_layernorm = self.config.apply_residual_connection_post_layernorm
         layernorm_output = block.input_layernorm(hidden)
         residual = layernorm_output if post_layernorm else hidden
-        attn = block.self_attention
-        fused_qkv = linear(attn.query_key_value, layernorm_output)  # [rows..., 3 * hidden]
-        context = self.per_segment((fused_qkv,), attention, rows, lambda qkv, inputs: self._attend(attn, qkv, inputs))
-        attention_output = residual + linear(attn.dense, context)
+        attention_output = residual + self.attention(block.self_attention, layernorm_output, attention, rows, linear)
         layernorm_output = block.post_attention_layernorm(attention_output)
         residual = layernorm_output if post_layernorm else attention_output
-        mlp = block.mlp
-        return residual + linear(mlp.dense_4h_to_h, bloom_gelu(linear(mlp.dense_h_to_4h, layernorm_output)))
+        return residual + block.mlp.compute(layernorm_output, linear)
+
+    def attention(self, attn: _Attention, normed: torch.Tensor, attention: list[_AttentionInputs], rows: list[int],
+                  linear: Linear) -> torch.Tensor:
+        """The attention part's output (before the residual), segment by segment."""
+        fused_qkv = linear(attn.query_key_value, normed)  # [rows..., 3 * hidden]
+        context = self.per_segment((fused_qkv,), attention, rows, lambda qkv, inputs: self._attend(attn, qkv, inputs))
+        return linear(attn.dense, context)
 
     def _attend(self, attn, fused_qkv: torch.Tensor, segment: _AttentionInputs) -> torch.Tensor:
         """BloomAttention's core for one segment: [batch * num_new, 3 * hidden] -> [batch, num_new, hidden]."""
@@ -188,11 +195,20 @@ class BloomSpan(BlockSpan):
         return context.reshape(batch, num_new, heads * head_dim)
 
 
+def _client_modules(config: BloomConfig) -> dict[str, nn.Module]:
+    """BloomModel's modules around its blocks."""
+    hidden, eps = config.hidden_size, config.layer_norm_epsilon
+    return {"word_embeddings": nn.Embedding(config.vocab_size, hidden),
+            "word_embeddings_layernorm": nn.LayerNorm(hidden, eps=eps), "ln_f": nn.LayerNorm(hidden, eps=eps)}
+
+
 BLOOM = ModelFamily(
     name="bloom",
     config_classes={"bloom": "BloomConfig"},
     span_class=BloomSpan,
     block_prefix_format="h.{}.",
     stored_prefix="transformer.",  # BloomForCausalLM's checkpoints prefix every name with it, BloomModel's do not
-    client_tensor_prefixes=("word_embeddings.", "word_embeddings_layernorm.", "ln_f.", "lm_head."),
+    client=ClientParts(class_name="Bloom", pretrained_model="BloomPreTrainedModel", tensor_prefix="",
+                       embeddings="word_embeddings", embedding_norm="word_embeddings_layernorm", final_norm="ln_f",
+                       make_modules=_client_modules),
 )

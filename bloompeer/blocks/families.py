@@ -6,7 +6,7 @@ from .bloom import BLOOM
 from .family import ModelFamily
 from .llama import LLAMA
 
-__all__ = ["FAMILIES", "family_for_model_type", "family_named", "served_model_types"]
+__all__ = ["FAMILIES", "family_for_model_type", "served_model_types"]
 
 FAMILIES: tuple[ModelFamily, ...] = (BLOOM, LLAMA)
 
@@ -22,9 +22,3 @@ def family_for_model_type(model_type: str) -> ModelFamily:
             return family
     raise ValueError(f"model type {model_type!r} is not served by bloompeer (served: {', '.join(served_model_types())})")
 
-
-def family_named(name: str) -> ModelFamily:
-    for family in FAMILIES:
-        if family.name == name:
-            return family
-    raise ValueError(f"no model family named {name!r} (known: {', '.join(f.name for f in FAMILIES)})")

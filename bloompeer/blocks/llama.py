@@ -3,8 +3,10 @@
 
 One block as transformers' LlamaDecoderLayer computes it, in the same ops and order: RMSNorm,
 rotary embeddings (rope.py) from each session's own positions, grouped-query attention with
-`num_key_value_heads` heads of `head_dim`, and the SwiGLU MLP. A variant is stated as its few
-differences from Llama (`Variant`): Qwen2's q/k/v biases, Qwen3's q/k RMSNorm, the sliding windows
+`num_key_value_heads` heads of `head_dim`, and the SwiGLU MLP. A block is its two parts, attention
+(`LlamaSpan.attention`) and MLP (the block's `mlp` module, made by `LlamaSpan.make_mlp`), each around
+its norm and residual, so that a variant replaces only the part it changes. A variant is stated as its
+few differences from Llama (`Variant`): Qwen2's q/k/v biases, Qwen3's q/k RMSNorm, the sliding windows
 of Mistral and of Qwen2/Qwen3's later layers (masked by cache index; the cache keeps every token).
 
 Attention is PyTorch's scaled_dot_product_attention with an explicit mask (a session's padding,
@@ -24,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .family import ModelFamily
+from .family import ClientParts, ModelFamily
 from .kv_cache import token_positions
 from .rope import RotaryFrequencies, rope_frequencies
 from .span import BlockSpan, Linear, Segment, allowed_keys
 
-__all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "Variant", "grouped_attention", "variant_of"]
+__all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "SwiGLU", "Variant", "grouped_attention", "variant_of"]
 
 
 @dataclass(frozen=True)
@@ -97,24 +99,29 @@ class _Attention(nn.Module):
         self.layer_idx, self.window = layer_idx, variant.windows[layer_idx]
 
 
-class _Mlp(nn.Module):
-    def __init__(self, config, variant: Variant):
+class SwiGLU(nn.Module):
+    """The Llama family's MLP: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
-        hidden, intermediate = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=variant.mlp_bias)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=variant.mlp_bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=variant.mlp_bias)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def compute(self, hidden: torch.Tensor, linear: Linear) -> torch.Tensor:
+        """hidden [rows..., hidden] (normed) -> [rows..., hidden], every linear layer through `linear`."""
+        return linear(self.down_proj, F.silu(linear(self.gate_proj, hidden)) * linear(self.up_proj, hidden))
 
 
 class LlamaBlock(nn.Module):
     """The parameters of block `layer_idx`, named as in a checkpoint; LlamaSpan computes with them."""
 
-    def __init__(self, config, variant: Variant, layer_idx: int):
+    def __init__(self, config, variant: Variant, layer_idx: int, mlp: nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = _Attention(config, variant, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = _Mlp(config, variant)
+        self.mlp = mlp
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -200,7 +207,12 @@ class LlamaSpan(BlockSpan):
         self._windows = {self.variant.windows[i] for i in range(start, end)}
 
     def make_block(self, config, layer_idx: int) -> nn.Module:
-        return LlamaBlock(config, self.variant, layer_idx)
+        return LlamaBlock(config, self.variant, layer_idx, self.make_mlp(config, layer_idx))
+
+    def make_mlp(self, config, layer_idx: int) -> nn.Module:
+        """Block `layer_idx`'s MLP: a module with the checkpoint's names and a `compute(hidden, linear)`
+        (a mixture of experts' variant makes its sparse layers here)."""
+        return SwiGLU(config.hidden_size, config.intermediate_size, self.variant.mlp_bias)
 
     @property
     def kv_heads(self) -> int:
@@ -218,15 +230,18 @@ class LlamaSpan(BlockSpan):
 
     def block_forward(self, block: LlamaBlock, hidden: torch.Tensor, attention: _PassAttention,
                       rows: list[int], linear: Linear) -> torch.Tensor:
-        """LlamaDecoderLayer.forward: q/k norms and rotation on every row at once, attention segment by segment."""
-        attn, mlp = block.self_attn, block.mlp
-        normed = block.input_layernorm(hidden)
+        """LlamaDecoderLayer.forward: attention, then the MLP, each on its normed input and added back."""
+        hidden = hidden + self.attention(block.self_attn, block.input_layernorm(hidden), attention, rows, linear)
+        return hidden + block.mlp.compute(block.post_attention_layernorm(hidden), linear)
+
+    def attention(self, attn: _Attention, normed: torch.Tensor, attention: _PassAttention, rows: list[int],
+                  linear: Linear) -> torch.Tensor:
+        """The attention part's output (before the residual): q/k norms and rotation on every row at once,
+        attention segment by segment."""
         query, key = self._rotated(attn, linear(attn.q_proj, normed), linear(attn.k_proj, normed), attention)
         qkv = query, key, linear(attn.v_proj, normed)
         context = self.per_segment(qkv, attention, rows, lambda q, k, v, inputs: self._attend(attn, q, k, v, inputs))
-        hidden = hidden + linear(attn.o_proj, context)
-        normed = block.post_attention_layernorm(hidden)
-        return hidden + linear(mlp.down_proj, F.silu(linear(mlp.gate_proj, normed)) * linear(mlp.up_proj, normed))
+        return linear(attn.o_proj, context)
 
     def _rotated(self, attn: _Attention, query: torch.Tensor, key: torch.Tensor,
                  attention: _PassAttention) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,6 +266,12 @@ class LlamaSpan(BlockSpan):
         return context.transpose(1, 2).reshape(inputs.batch, inputs.num_new, -1)
 
 
+def _client_modules(config) -> dict[str, nn.Module]:
+    """LlamaModel's modules around its blocks (Mistral's, Qwen2's, Qwen3's alike)."""
+    return {"embed_tokens": nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id),
+            "norm": RMSNorm(config.hidden_size, config.rms_norm_eps)}
+
+
 LLAMA = ModelFamily(
     name="llama",
     config_classes={"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
@@ -258,5 +279,6 @@ LLAMA = ModelFamily(
     span_class=LlamaSpan,
     block_prefix_format="model.layers.{}.",
     stored_prefix="",
-    client_tensor_prefixes=("model.embed_tokens.", "model.norm.", "lm_head."),
+    client=ClientParts(class_name="Llama", pretrained_model="LlamaPreTrainedModel", tensor_prefix="model.",
+                       embeddings="embed_tokens", embedding_norm=None, final_norm="norm", make_modules=_client_modules),
 )

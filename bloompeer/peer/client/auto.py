@@ -4,14 +4,15 @@ AutoModelForCausalLM picks the class of a model type."""
 from __future__ import annotations
 
 from ...blocks import open_checkpoint
-from .bloom import DistributedBloomForCausalLM, DistributedBloomForSequenceClassification
-from .llama import DistributedLlamaForCausalLM, DistributedLlamaForSequenceClassification
+from .families import ClientClasses, client_classes
 
 __all__ = ["AutoDistributedModelForCausalLM", "AutoDistributedModelForSequenceClassification"]
 
 
 class _AutoDistributedModel:
-    classes: dict[str, type]  # family name (blocks/families.py) -> its client class
+    @staticmethod
+    def _pick(classes: ClientClasses) -> type:
+        raise NotImplementedError
 
     def __init__(self):
         raise TypeError(f"{type(self).__name__} is not instantiated: use {type(self).__name__}.from_pretrained(...)")
@@ -19,7 +20,7 @@ class _AutoDistributedModel:
     @classmethod
     def class_for(cls, name_or_path: str, revision: str | None = None, cache_dir: str | None = None) -> type:
         """The client class of the checkpoint's family (reads only its config.json)."""
-        return cls.classes[open_checkpoint(name_or_path, revision, cache_dir).family.name]
+        return cls._pick(client_classes(open_checkpoint(name_or_path, revision, cache_dir).family.name))
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, **kwargs):
@@ -29,8 +30,12 @@ class _AutoDistributedModel:
 
 
 class AutoDistributedModelForCausalLM(_AutoDistributedModel):
-    classes = {"bloom": DistributedBloomForCausalLM, "llama": DistributedLlamaForCausalLM}
+    @staticmethod
+    def _pick(classes: ClientClasses) -> type:
+        return classes.causal_lm
 
 
 class AutoDistributedModelForSequenceClassification(_AutoDistributedModel):
-    classes = {"bloom": DistributedBloomForSequenceClassification, "llama": DistributedLlamaForSequenceClassification}
+    @staticmethod
+    def _pick(classes: ClientClasses) -> type:
+        return classes.sequence_classification

@@ -17,7 +17,7 @@ from torch import nn
 from transformers import GenerationConfig
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from ...blocks import Checkpoint, open_checkpoint
+from ...blocks import Checkpoint, ClientParts, open_checkpoint
 from ...p2p import NetworkConfig
 from .config import ClientConfig
 from .inference_session import InferenceSession
@@ -57,8 +57,8 @@ class CallsInThisThread(threading.local):
 class RemoteBlocksModel:
     """The base model of every family with its blocks in the swarm: embeddings (+ prompts) -> swarm ->
     final norm. A mixin of the family's transformers PreTrainedModel (DistributedBloomModel,
-    DistributedLlamaModel), which holds the family's local modules and says, in `embed`,
-    `to_swarm` and `final_norm`, how they are used; everything else is the same for every family.
+    DistributedLlamaModel: peer/client/families.py makes them), which holds the family's local modules,
+    named and used as `parts` says; everything else is the same for every family.
 
     It is a transformers model so that everything built on one (generate, heads, PEFT-style prompt
     tuning, the Trainer) works unchanged; only the blocks are swapped for the swarm. With a session
@@ -66,15 +66,31 @@ class RemoteBlocksModel:
     without one it is a full, differentiable forward that keeps nothing on the servers.
     """
 
+    parts: ClientParts  # the family's (blocks/family.py)
+
+    def __init__(self, config, tuning_mode: str | None = None, pre_seq_len: int = 0):
+        super().__init__(config)
+        for name, module in self.parts.make_modules(config).items():
+            setattr(self, name, module)
+        self._init_remote(config, tuning_mode, pre_seq_len)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return getattr(self, self.parts.embeddings)
+
+    def set_input_embeddings(self, new_embeddings: nn.Embedding) -> None:
+        setattr(self, self.parts.embeddings, new_embeddings)
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        return self.get_input_embeddings()(input_ids)
 
     def to_swarm(self, inputs_embeds: torch.Tensor) -> torch.Tensor:
         """What the first block takes, from the embeddings (BLOOM: their layernorm)."""
-        raise NotImplementedError
+        norm = self.parts.embedding_norm
+        return inputs_embeds if norm is None else getattr(self, norm)(inputs_embeds)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        return getattr(self, self.parts.final_norm)(hidden)
 
     def _init_remote(self, config, tuning_mode: str | None, pre_seq_len: int) -> None:
         """The prompts of prompt tuning, and no swarm connection yet (from_pretrained makes it)."""
@@ -158,6 +174,12 @@ class DistributedModelMixin:
     Trainer to treat it as one. `remote` is the model's RemoteBlocksModel, under the attribute its
     family's transformers classes use (`transformer` for BLOOM, `model` for the Llama family).
     """
+
+    base_model_class: type  # the family's RemoteBlocksModel (peer/client/families.py)
+
+    def __init__(self, config, tuning_mode: str | None = None, pre_seq_len: int = 0):
+        super().__init__(config)
+        setattr(self, self.base_model_prefix, self.base_model_class(config, tuning_mode, pre_seq_len))
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, initial_peers: tuple[str, ...] | list[str] = (),

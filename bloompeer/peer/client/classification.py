@@ -18,10 +18,13 @@ __all__ = ["DistributedSequenceClassificationMixin"]
 
 
 class DistributedSequenceClassificationMixin(DistributedModelMixin):
-    """A family's classifier is this mixin and its family's PreTrainedModel, with the remote base
-    model and `score` (nn.Linear(hidden, num_labels, bias=False)) built in its __init__."""
+    """A family's classifier is this mixin and its family's PreTrainedModel (peer/client/families.py makes
+    it): the remote base model and `score`, nn.Linear(hidden, num_labels, bias=False)."""
 
-    score: nn.Linear
+    def __init__(self, config, tuning_mode: str | None = None, pre_seq_len: int = 0):
+        super().__init__(config, tuning_mode, pre_seq_len)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
 
     def trainable_modules(self) -> list[nn.Module]:
         return [*super().trainable_modules(), self.score]

@@ -32,8 +32,8 @@ def draft_overshoot(prompt_lookup_num_tokens: int | None) -> int:
 class DistributedCausalLMMixin(DistributedModelMixin):
     """A causal LM whose blocks are served by the swarm. Use as a context manager, or call shutdown().
 
-    A family's class is this mixin, its family's transformers PreTrainedModel and GenerationMixin,
-    with the remote base model and an `lm_head` built in its __init__.
+    A family's class is this mixin, its family's transformers PreTrainedModel and GenerationMixin
+    (peer/client/families.py makes it): the remote base model and an LM head.
 
     It keeps transformers' generate() rather than a loop of its own, so every decoding strategy
     (sampling, beams, assisted and speculative decoding, logits processors, stopping criteria)
@@ -42,7 +42,10 @@ class DistributedCausalLMMixin(DistributedModelMixin):
     inference_session()) and always closed, freeing the servers' memory, when the call returns.
     """
 
-    lm_head: nn.Linear
+    def __init__(self, config, tuning_mode: str | None = None, pre_seq_len: int = 0):
+        super().__init__(config, tuning_mode, pre_seq_len)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_to_embeddings()
 
     def tie_to_embeddings(self) -> None:
         if self.config.tie_word_embeddings:
