@@ -9,6 +9,7 @@ loads block by block, so that a block can be transformed (quantized) before the 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -79,19 +80,28 @@ class Checkpoint:
             return False
 
     @cached_property
-    def family(self) -> ModelFamily:
-        model_type = json.loads(self.file("config.json").read_text()).get("model_type")
+    def _config_json(self) -> dict:
+        """config.json as stored, read once (a server asks for its config at run time too)."""
         try:
-            return family_for_model_type(model_type)
+            config_json = json.loads(self.file("config.json").read_text())
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{self.name_or_path}: config.json is not JSON: {exc}") from None
+        if not isinstance(config_json, dict):
+            raise CheckpointError(f"{self.name_or_path}: config.json is not a JSON object")
+        return config_json
+
+    @cached_property
+    def family(self) -> ModelFamily:
+        try:
+            return family_for_model_type(self._config_json.get("model_type"))
         except ValueError as exc:
             raise CheckpointError(f"{self.name_or_path}: {exc}") from None
 
     def config(self):
-        """The model's transformers config (BloomConfig, LlamaConfig, Qwen3Config, ...); CheckpointError
-        if bloompeer cannot compute it exactly."""
+        """The model's transformers config (BloomConfig, LlamaConfig, Qwen3Config, ...), a new object each
+        call (callers may change theirs); CheckpointError if bloompeer cannot compute it exactly."""
         family = self.family
-        config_json = json.loads(self.file("config.json").read_text())
-        config = family.config_class(config_json["model_type"]).from_json_file(self.file("config.json"))
+        config = family.config_class(self._config_json["model_type"])(**copy.deepcopy(self._config_json))
         try:
             family.span_class.check_config(config)
         except ValueError as exc:
@@ -122,8 +132,7 @@ class Checkpoint:
         depend on the peer's transformers: not on its defaults (the file, not a config object, is
         hashed), nor on the version that wrote the file (its "transformers_version" is left out).
         """
-        config_json = json.loads(self.file("config.json").read_text())
-        config_json.pop("transformers_version", None)
+        config_json = {name: value for name, value in self._config_json.items() if name != "transformers_version"}
         digest = hashlib.sha256()
         digest.update(json.dumps(config_json, sort_keys=True).encode())
         digest.update(json.dumps(sorted(self.weight_map().items())).encode())

@@ -17,8 +17,7 @@ from functools import cached_property
 import torch
 from torch import nn
 
-from ...blocks import Checkpoint
-from ...blocks.quantized_linear import check_int4_shape, check_kernels, int8_weight_only_on, stored_weight_nbytes
+from ...blocks import Checkpoint, check_int4_shape, check_kernels, int8_weight_only_on, stored_weight_nbytes
 from ...weight_format import WeightFormat
 
 __all__ = ["StoredBlocks"]
