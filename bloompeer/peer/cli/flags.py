@@ -98,7 +98,8 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("capacity and limits (what one server gives its clients)")
     group.add_argument("--cache-tokens", type=positive_int, default=None, metavar="N",
                        help="attention cache for all sessions together, in tokens over the served blocks; a new "
-                            "session reserves batch x max_length of it (default: half the free memory)")
+                            "session reserves batch x max_length of it (default: half the memory left once the blocks are loaded, "
+                            "counting a container's limit; 80%% of a GPU's)")
     group.add_argument("--session-timeout", type=positive_float, default=defaults.session_timeout_s,
                        metavar="SECONDS",
                        help=f"close a session after this long without a step ({defaults.session_timeout_s:.0f})")
