@@ -37,6 +37,17 @@ LLAMA_FAMILY = {
     # layers 2 and 3 slide
     "qwen3": dict(model_type="qwen3", head_dim=32, tie_word_embeddings=False),  # head_dim 32, not 64 / 4
 }
+# Tiny mixtures of experts, one per variant, each with what it must get right (tests/unit/test_moe_blocks.py
+# computes their blocks against transformers; tests/swarm/test_moe_family.py serves them).
+MOE_FAMILY = {
+    "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=5),  # windows
+    "qwen2_moe": dict(model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48, norm_topk_prob=False),  # a shared expert, weights as chosen
+    "qwen3_moe": dict(model_type="qwen3_moe", num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+                      mlp_only_layers=[1], norm_topk_prob=True, head_dim=32),  # 3 experts a token; block 1 dense
+    "gpt_oss": dict(model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
+                    head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"] * 2),  # sinks
+}
 # The Qwen3 checkpoint's tokenizer has a chat template of its own (`bloompeer api` must use it).
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -60,6 +71,15 @@ def llama_family_checkpoints(tmp_path_factory) -> dict[str, Path]:
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(paths["qwen3"])
     return paths
+
+
+@pytest.fixture(scope="session")
+def moe_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """MOE_FAMILY's checkpoints (4 blocks, hidden 64), each sharded over a few files."""
+    root = tmp_path_factory.mktemp("moe-family")
+    return {name: write_random_checkpoint(root / name, num_blocks=TINY_BLOCKS, hidden_size=64, num_heads=4, seed=3,
+                                          initializer_range=0.15, max_shard_size="100KB", **fields)
+            for name, fields in MOE_FAMILY.items()}
 
 
 @pytest.fixture(scope="session")

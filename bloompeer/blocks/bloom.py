@@ -101,7 +101,7 @@ class _Mlp(nn.Module):
         self.dense_h_to_4h = nn.Linear(config.hidden_size, 4 * config.hidden_size)
         self.dense_4h_to_h = nn.Linear(4 * config.hidden_size, config.hidden_size)
 
-    def compute(self, hidden: torch.Tensor, linear: Linear) -> torch.Tensor:
+    def compute(self, hidden: torch.Tensor, linear: Linear, rows: list[int] | None = None) -> torch.Tensor:
         """hidden [rows..., hidden] (normed) -> [rows..., hidden], before the residual."""
         return linear(self.dense_4h_to_h, bloom_gelu(linear(self.dense_h_to_4h, hidden)))
 
@@ -166,7 +166,7 @@ class BloomSpan(BlockSpan):
         attention_output = residual + self.attention(block.self_attention, layernorm_output, attention, rows, linear)
         layernorm_output = block.post_attention_layernorm(attention_output)
         residual = layernorm_output if post_layernorm else attention_output
-        return residual + block.mlp.compute(layernorm_output, linear)
+        return residual + block.mlp.compute(layernorm_output, linear, rows)
 
     def attention(self, attn: _Attention, normed: torch.Tensor, attention: list[_AttentionInputs], rows: list[int],
                   linear: Linear) -> torch.Tensor:

@@ -171,7 +171,7 @@ class Checkpoint:
         for index, block in blocks:
             prefix = family.block_prefix(index)
             tensors = self.load_tensors((prefix,), dtype, desc=None)
-            state = {name.removeprefix(prefix): tensor for name, tensor in tensors.items()}
+            state = span.block_state({name.removeprefix(prefix): tensor for name, tensor in tensors.items()})
             try:
                 block.load_state_dict(state, strict=True, assign=True)
             except RuntimeError as exc:

@@ -1,5 +1,6 @@
-"""The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3): its blocks as a checkpoint names them
-(`model.layers.{i}.*`), and how a span of them computes.
+"""The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, and the mixtures of experts built on them:
+Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss): its blocks as a checkpoint names them (`model.layers.{i}.*`),
+and how a span of them computes.
 
 One block as transformers' LlamaDecoderLayer computes it, in the same ops and order: RMSNorm,
 rotary embeddings (rope.py) from each session's own positions, grouped-query attention with
@@ -8,6 +9,9 @@ rotary embeddings (rope.py) from each session's own positions, grouped-query att
 its norm and residual, so that a variant replaces only the part it changes. A variant is stated as its
 few differences from Llama (`Variant`): Qwen2's q/k/v biases, Qwen3's q/k RMSNorm, the sliding windows
 of Mistral and of Qwen2/Qwen3's later layers (masked by cache index; the cache keeps every token).
+A mixture of experts is its dense base with sparse MLPs (moe.py): Mixtral is Mistral with experts,
+Qwen3-MoE Qwen3 with experts (and dense layers among them), Qwen2-MoE Qwen2 with experts and a shared
+expert, gpt-oss Llama with biases, attention sinks, alternating windows and its own experts.
 
 Attention is PyTorch's scaled_dot_product_attention with an explicit mask (a session's padding,
 causality and window). Grouped-query attention never copies the keys and values: each key/value
@@ -20,7 +24,8 @@ not, as `tie_word_embeddings` says).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -28,10 +33,15 @@ from torch import nn
 
 from .family import ClientParts, ModelFamily
 from .kv_cache import token_positions
+from .moe import (
+    GptOssExpert, MixtralExpert, Router, SparseMoe, softmax_then_top_k, split_fused_experts, top_k_then_softmax,
+)
 from .rope import RotaryFrequencies, rope_frequencies
 from .span import BlockSpan, Linear, Segment, allowed_keys
 
-__all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "SwiGLU", "Variant", "grouped_attention", "variant_of"]
+__all__ = [
+    "LLAMA", "LlamaSpan", "RMSNorm", "SwiGLU", "Variant", "attention_with_sinks", "grouped_attention", "variant_of",
+]
 
 
 @dataclass(frozen=True)
@@ -44,11 +54,43 @@ class Variant:
     mlp_bias: bool = False
     qk_norm: bool = False  # RMSNorm over head_dim on queries and keys before the rotation (Qwen3)
     windows: tuple[int | None, ...] = ()  # per layer: its sliding window, or None for full attention
+    sinks: bool = False  # a learned logit per head that each query's softmax spreads over too (gpt-oss)
+    norm_weight_first: bool = False  # RMSNorm multiplies by its weight before casting back (gpt-oss: OLMo 2's)
+    mlp_name: str = "mlp"  # the MLP's name in a checkpoint (Mixtral: block_sparse_moe)
+    make_mlp: Callable[[object, int], nn.Module] | None = None  # (config, layer) -> its MLP; None: SwiGLU
+    convert: Callable[[dict], dict] | None = None  # a block's tensors as stored -> as its modules name them
 
 
 def _layer_windows(config) -> tuple[int | None, ...]:
-    """Qwen2/Qwen3: `layer_types` says which layers slide (by default those past max_window_layers)."""
+    """Qwen2/Qwen3: `layer_types` says which layers slide (by default those past max_window_layers); a
+    config without them (Qwen3-MoE's) slides every layer if it has a window."""
+    if getattr(config, "layer_types", None) is None:
+        return (config.sliding_window,) * config.num_hidden_layers
     return tuple(config.sliding_window if kind == "sliding_attention" else None for kind in config.layer_types)
+
+
+def _mixtral_mlp(config, layer_idx: int) -> nn.Module:
+    experts = [MixtralExpert(config.hidden_size, config.intermediate_size) for _ in range(config.num_local_experts)]
+    return SparseMoe("gate", Router(config.hidden_size, config.num_local_experts), experts,
+                     config.num_experts_per_tok, softmax_then_top_k(renormalize=True, weights_dtype_of_logits=False))
+
+
+def _qwen_moe_mlp(config, layer_idx: int, shared: bool = False) -> nn.Module:
+    """Sparse where `decoder_sparse_step` says and not in `mlp_only_layers`, else dense (intermediate_size);
+    Qwen2-MoE adds a shared expert."""
+    if layer_idx in config.mlp_only_layers or not config.num_experts or (layer_idx + 1) % config.decoder_sparse_step:
+        return SwiGLU(config.hidden_size, config.intermediate_size)
+    experts = [SwiGLU(config.hidden_size, config.moe_intermediate_size) for _ in range(config.num_experts)]
+    shared_expert = SwiGLU(config.hidden_size, config.shared_expert_intermediate_size) if shared else None
+    return SparseMoe("gate", Router(config.hidden_size, config.num_experts), experts, config.num_experts_per_tok,
+                     softmax_then_top_k(config.norm_topk_prob, weights_dtype_of_logits=True), shared_expert)
+
+
+def _gpt_oss_mlp(config, layer_idx: int) -> nn.Module:
+    experts = [GptOssExpert(config.hidden_size, config.intermediate_size, config.swiglu_alpha, config.swiglu_limit)
+               for _ in range(config.num_local_experts)]
+    return SparseMoe("router", Router(config.hidden_size, config.num_local_experts, bias=True), experts,
+                     config.num_experts_per_tok, top_k_then_softmax)
 
 
 _VARIANTS = {
@@ -58,6 +100,15 @@ _VARIANTS = {
     "qwen2": lambda c: Variant(qkv_bias=True, windows=_layer_windows(c)),
     "qwen3": lambda c: Variant(qkv_bias=c.attention_bias, o_bias=c.attention_bias, qk_norm=True,
                                windows=_layer_windows(c)),
+}
+_VARIANTS |= {  # the mixtures of experts, each as its dense base's differences
+    "mixtral": lambda c: replace(_VARIANTS["mistral"](c), mlp_name="block_sparse_moe", make_mlp=_mixtral_mlp),
+    "qwen2_moe": lambda c: replace(_VARIANTS["qwen2"](c), qkv_bias=c.qkv_bias,
+                                   make_mlp=lambda config, i: _qwen_moe_mlp(config, i, shared=True)),
+    "qwen3_moe": lambda c: replace(_VARIANTS["qwen3"](c), make_mlp=_qwen_moe_mlp),
+    "gpt_oss": lambda c: Variant(qkv_bias=c.attention_bias, o_bias=c.attention_bias, windows=_layer_windows(c),
+                                 sinks=True, norm_weight_first=True, make_mlp=_gpt_oss_mlp,
+                                 convert=lambda state: split_fused_experts(state, "mlp.experts.")),
 }
 
 
@@ -70,17 +121,20 @@ def head_dim_of(config) -> int:
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, in float32 inside, as transformers computes it."""
+    """Root-mean-square norm, in float32 inside, as transformers computes it: the weight times the
+    normed value cast back (Llama's), or the cast after the weight (weight_first: OLMo 2's, gpt-oss's)."""
 
-    def __init__(self, size: int, eps: float):
+    def __init__(self, size: int, eps: float, weight_first: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
+        self.eps, self.weight_first = eps, weight_first
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         dtype = hidden.dtype
         hidden = hidden.to(torch.float32)
         variance = hidden.pow(2).mean(-1, keepdim=True)
+        if self.weight_first:
+            return (self.weight * (hidden * torch.rsqrt(variance + self.eps))).to(dtype)
         return self.weight * (hidden * torch.rsqrt(variance + self.eps)).to(dtype)
 
 
@@ -96,6 +150,8 @@ class _Attention(nn.Module):
         if variant.qk_norm:
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+        if variant.sinks:
+            self.sinks = nn.Parameter(torch.empty(heads))
         self.layer_idx, self.window = layer_idx, variant.windows[layer_idx]
 
 
@@ -108,20 +164,28 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
-    def compute(self, hidden: torch.Tensor, linear: Linear) -> torch.Tensor:
-        """hidden [rows..., hidden] (normed) -> [rows..., hidden], every linear layer through `linear`."""
+    def compute(self, hidden: torch.Tensor, linear: Linear, rows: list[int] | None = None) -> torch.Tensor:
+        """hidden [rows..., hidden] (normed) -> [rows..., hidden], every linear layer through `linear`
+        (rows: each request's row count in the pass, which a dense MLP needs not know)."""
         return linear(self.down_proj, F.silu(linear(self.gate_proj, hidden)) * linear(self.up_proj, hidden))
 
 
 class LlamaBlock(nn.Module):
-    """The parameters of block `layer_idx`, named as in a checkpoint; LlamaSpan computes with them."""
+    """The parameters of block `layer_idx`, named as in a checkpoint (the MLP under the variant's
+    mlp_name); LlamaSpan computes with them."""
 
     def __init__(self, config, variant: Variant, layer_idx: int, mlp: nn.Module):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, variant.norm_weight_first)
         self.self_attn = _Attention(config, variant, layer_idx)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = mlp
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, variant.norm_weight_first)
+        self.add_module(variant.mlp_name, mlp)
+        self.mlp_name = variant.mlp_name
+
+    @property
+    def feed_forward(self) -> nn.Module:
+        """The MLP, under whichever name its checkpoint gives it."""
+        return self._modules[self.mlp_name]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -146,6 +210,23 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
             key_bias = key_bias[:, :, None].expand(-1, -1, repeats, -1, -1).reshape(batch, 1, repeats * num_new, -1)
     output = F.scaled_dot_product_attention(query, key, value, attn_mask=key_bias, scale=scale)
     return output.reshape(batch, heads, num_new, head_dim)
+
+
+def attention_with_sinks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_bias: torch.Tensor,
+                         scale: float, sinks: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's attention, as transformers' eager one computes it: each head's scores with one more
+    logit, its learned sink, softmaxed together (less the row's max), the sink's share then dropped.
+    Shapes as grouped_attention's; query heads are folded into their key/value head's rows likewise
+    (no copy of the past), which changes no single dot product."""
+    batch, heads, num_new, head_dim = query.shape
+    kv_heads, kv_length = key.shape[1], key.shape[2]
+    folded = query.reshape(batch, kv_heads, heads // kv_heads * num_new, head_dim)
+    scores = torch.matmul(folded, key.transpose(2, 3)).view(batch, heads, num_new, kv_length) * scale + key_bias
+    combined = torch.cat([scores, sinks.reshape(1, -1, 1, 1).expand(batch, -1, num_new, -1)], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    probs = F.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
+    output = torch.matmul(probs.reshape(batch, kv_heads, -1, kv_length), value)
+    return output.view(batch, heads, num_new, head_dim)
 
 
 def as_key_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -210,9 +291,15 @@ class LlamaSpan(BlockSpan):
         return LlamaBlock(config, self.variant, layer_idx, self.make_mlp(config, layer_idx))
 
     def make_mlp(self, config, layer_idx: int) -> nn.Module:
-        """Block `layer_idx`'s MLP: a module with the checkpoint's names and a `compute(hidden, linear)`
-        (a mixture of experts' variant makes its sparse layers here)."""
+        """Block `layer_idx`'s MLP: a module with the checkpoint's names and a `compute(hidden, linear, rows)`
+        (a mixture of experts' variant makes its sparse layers)."""
+        if self.variant.make_mlp is not None:
+            return self.variant.make_mlp(config, layer_idx)
         return SwiGLU(config.hidden_size, config.intermediate_size, self.variant.mlp_bias)
+
+    def block_state(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        convert = self.variant.convert
+        return tensors if convert is None else convert(tensors)
 
     @property
     def kv_heads(self) -> int:
@@ -232,7 +319,7 @@ class LlamaSpan(BlockSpan):
                       rows: list[int], linear: Linear) -> torch.Tensor:
         """LlamaDecoderLayer.forward: attention, then the MLP, each on its normed input and added back."""
         hidden = hidden + self.attention(block.self_attn, block.input_layernorm(hidden), attention, rows, linear)
-        return hidden + block.mlp.compute(block.post_attention_layernorm(hidden), linear)
+        return hidden + block.feed_forward.compute(block.post_attention_layernorm(hidden), linear, rows)
 
     def attention(self, attn: _Attention, normed: torch.Tensor, attention: _PassAttention, rows: list[int],
                   linear: Linear) -> torch.Tensor:
@@ -262,20 +349,24 @@ class LlamaSpan(BlockSpan):
         query, key, value = (part.view(shape).transpose(1, 2) for part in (query, key, value))  # [batch, heads, new, dim]
         if inputs.cache is not None:
             key, value = inputs.cache.update(key, value, attn.layer_idx)  # [batch, kv heads, kv_length, head_dim]
-        context = grouped_attention(query, key, value, inputs.key_bias[attn.window], self.scale)
+        if self.variant.sinks:
+            context = attention_with_sinks(query, key, value, inputs.key_bias[attn.window], self.scale, attn.sinks)
+        else:
+            context = grouped_attention(query, key, value, inputs.key_bias[attn.window], self.scale)
         return context.transpose(1, 2).reshape(inputs.batch, inputs.num_new, -1)
 
 
 def _client_modules(config) -> dict[str, nn.Module]:
-    """LlamaModel's modules around its blocks (Mistral's, Qwen2's, Qwen3's alike)."""
-    return {"embed_tokens": nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id),
-            "norm": RMSNorm(config.hidden_size, config.rms_norm_eps)}
+    """LlamaModel's modules around its blocks (every variant's alike but for the norm's arithmetic)."""
+    norm = RMSNorm(config.hidden_size, config.rms_norm_eps, variant_of(config).norm_weight_first)
+    return {"embed_tokens": nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id), "norm": norm}
 
 
 LLAMA = ModelFamily(
     name="llama",
     config_classes={"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
-                    "qwen3": "Qwen3Config"},
+                    "qwen3": "Qwen3Config", "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig",
+                    "qwen3_moe": "Qwen3MoeConfig", "gpt_oss": "GptOssConfig"},
     span_class=LlamaSpan,
     block_prefix_format="model.layers.{}.",
     stored_prefix="",

@@ -156,7 +156,7 @@ class Int4Linear(QuantizedLinear):
         check_int4_shape(linear.in_features, linear.out_features, group_size)
         self.group_size = group_size
         weight = linear.weight.detach()
-        quantized, scales_and_zeros = _quantize_groups(weight.float(), group_size)
+        quantized, scales_and_zeros = _quantize_groups(weight.float().contiguous(), group_size)
         self.device_type = weight.device.type  # what the packing below is for
         self.register_buffer("weight_int4", _pack_int4(quantized, weight.device))
         self.register_buffer("scales_and_zeros", scales_and_zeros)  # [in / group, out, 2]: scale, zero

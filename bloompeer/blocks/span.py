@@ -122,6 +122,11 @@ class BlockSpan(nn.Module):
         """One block. hidden: one segment's [batch, num_new, hidden], or all segments' [rows, hidden]."""
         raise NotImplementedError
 
+    def block_state(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A block's tensors as its checkpoint stores them (its prefix dropped) -> as its modules name them
+        (gpt-oss's fused experts cut per expert, say); the same by default."""
+        return tensors
+
     # Shared
 
     @property

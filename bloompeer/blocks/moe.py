@@ -1,0 +1,166 @@
+"""Sparse mixtures of experts: a block's MLP as a router that picks k of a layer's E experts for each
+token (and, in some variants, a shared expert every token also goes through), as transformers
+computes it (`integrations/moe.py`, the grouped kernel it uses by default, and each model's router).
+
+Why this shape: a decode step must read only the experts its tokens chose, not all E. So a pass sorts
+its (token, slot) pairs by expert and runs one matrix product per expert that has rows, through the
+span's `linear` seam like every other layer (the batched-pass kernel, quantized experts); a prompt or a
+pass of several sessions' steps is still one product per expert, never one per token. The k outputs of
+a token are then weighted and summed in top-k slot order, as transformers sums them, so that float32
+results stay within rounding of its own whatever k is.
+
+The router runs on each request's rows alone (`rows`): a token's experts never depend on which other
+sessions share the pass. Routers stay in the model's dtype under `--quant` (a quantized router picks
+other experts), so they are not nn.Linear layers: quantization and the batched-pass kernel take those.
+
+Experts are per-expert nn.Linear layers named as hub checkpoints name them (`experts.{j}.gate_proj`,
+Mixtral's `experts.{j}.w1`), which quantization, the batched-pass kernel and the memory plan already
+know; gpt-oss ships its experts fused, and `split_fused_experts` cuts them apart as a block loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .span import Linear
+
+__all__ = [
+    "GptOssExpert", "MixtralExpert", "Router", "SparseMoe", "softmax_then_top_k", "split_fused_experts",
+    "top_k_then_softmax",
+]
+
+Choice = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]  # (logits [T, E], k) -> weights, experts
+
+
+class Router(nn.Module):
+    """logits = x W^T (+ b): a plain parameter, not an nn.Linear, so that it is never quantized."""
+
+    def __init__(self, hidden: int, num_experts: int, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden))
+        self.bias = nn.Parameter(torch.empty(num_experts)) if bias else None
+
+    def logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """[T, E] for hidden [T, H], each request's rows alone (as its own pass would compute them)."""
+        if len(rows) == 1:
+            return F.linear(hidden, self.weight, self.bias)
+        return torch.cat([F.linear(part, self.weight, self.bias) for part in hidden.split(rows)])
+
+
+def softmax_then_top_k(renormalize: bool, weights_dtype_of_logits: bool) -> Choice:
+    """Mixtral's and the Qwen MoEs' choice: softmax over all experts in float32, the k largest, their
+    weights renormalized to sum to 1 or not (`norm_topk_prob`; Mixtral always), and kept in float32
+    (Mixtral) or cast back to the logits' dtype (Qwen)."""
+
+    def choose(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, k, dim=-1)
+        if renormalize:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        return (weights.to(logits.dtype) if weights_dtype_of_logits else weights), experts
+
+    return choose
+
+
+def top_k_then_softmax(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gpt-oss's choice: the k largest logits (with the router's bias), then a softmax over those k."""
+    top, experts = torch.topk(logits, k, dim=-1)
+    return F.softmax(top, dim=1, dtype=top.dtype), experts
+
+
+class MixtralExpert(nn.Module):
+    """One of Mixtral's experts, under its checkpoint names: w2(silu(w1(x)) * w3(x))."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.w1 = nn.Linear(hidden, intermediate, bias=False)  # gate
+        self.w2 = nn.Linear(intermediate, hidden, bias=False)  # down
+        self.w3 = nn.Linear(hidden, intermediate, bias=False)  # up
+
+    def compute(self, hidden: torch.Tensor, linear: Linear) -> torch.Tensor:
+        return linear(self.w2, F.silu(linear(self.w1, hidden)) * linear(self.w3, hidden))
+
+
+class GptOssExpert(nn.Module):
+    """One of gpt-oss's experts: gate and up interleaved in one layer (gate at even outputs), both
+    clamped at `limit`, (up + 1) * gate * sigmoid(alpha * gate), then down; every layer has a bias."""
+
+    def __init__(self, hidden: int, intermediate: int, alpha: float, limit: float):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate)
+        self.down_proj = nn.Linear(intermediate, hidden)
+        self.alpha, self.limit = alpha, limit
+
+    def compute(self, hidden: torch.Tensor, linear: Linear) -> torch.Tensor:
+        gate_up = linear(self.gate_up_proj, hidden)
+        gate = gate_up[..., ::2].clamp(min=None, max=self.limit)
+        up = gate_up[..., 1::2].clamp(min=-self.limit, max=self.limit)
+        return linear(self.down_proj, (up + 1) * (gate * torch.sigmoid(gate * self.alpha)))
+
+
+class SparseMoe(nn.Module):
+    """A block's sparse MLP: `router_name` (gate or router) picks `top_k` of `experts` per token with
+    `choose`; with a shared expert (Qwen2-MoE), every token also goes through it, weighted by
+    sigmoid(shared_expert_gate(x)), added after the routed experts' sum."""
+
+    def __init__(self, router_name: str, router: Router, experts: list[nn.Module], top_k: int, choose: Choice,
+                 shared_expert: nn.Module | None = None):
+        super().__init__()
+        self.router_name, self.top_k, self.choose = router_name, top_k, choose
+        self.add_module(router_name, router)
+        self.experts = nn.ModuleList(experts)
+        if shared_expert is not None:
+            self.shared_expert = shared_expert
+            self.shared_expert_gate = Router(router.weight.shape[1], 1)
+
+    def compute(self, hidden: torch.Tensor, linear: Linear, rows: list[int]) -> torch.Tensor:
+        """hidden [rows..., H] (normed) -> [rows..., H]; rows: each request's row count in the pass."""
+        flat = hidden.reshape(-1, hidden.shape[-1])  # [T, H]
+        shared = self.shared_expert.compute(flat, linear) if hasattr(self, "shared_expert") else None
+        weights, experts = self.choose(self._modules[self.router_name].logits(flat, rows), self.top_k)  # [T, k]
+        output = self._routed(flat, weights, experts, linear)
+        if shared is not None:
+            output = output + torch.sigmoid(self.shared_expert_gate.logits(flat, rows)) * shared
+        return output.view_as(hidden)
+
+    def _routed(self, flat: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
+                linear: Linear) -> torch.Tensor:
+        """sum over slots s of weights[:, s] * expert[experts[:, s]](x): one product per chosen expert."""
+        num_tokens, k = experts.shape
+        slots = experts.reshape(-1)  # [T * k], token-major
+        _, order = torch.sort(slots)  # slots grouped by expert, in the order transformers groups them
+        counts = torch.bincount(slots, minlength=len(self.experts)).tolist()
+        grouped_rows = flat[order // k]
+        outputs = torch.empty_like(grouped_rows)
+        start = 0
+        for index, count in enumerate(counts):
+            if count:
+                outputs[start:start + count] = self.experts[index].compute(grouped_rows[start:start + count], linear)
+                start += count
+        weighted = outputs * weights.reshape(-1)[order, None]  # in the weights' dtype (float32 for Mixtral)
+        in_slot_order = torch.empty_like(weighted)
+        in_slot_order[order] = weighted
+        return in_slot_order.view(num_tokens, k, -1).sum(dim=1).to(flat.dtype)
+
+
+def split_fused_experts(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """gpt-oss's fused expert tensors as per-expert layers: `{prefix}gate_up_proj` [E, H, 2I] (inputs
+    first) and its bias [E, 2I], `{prefix}down_proj` [E, I, H] and its bias [E, H] become
+    `{prefix}{j}.gate_up_proj.weight` [2I, H], ... for each expert j. Other tensors pass unchanged.
+
+    Each weight is a transposed view of the stored one, not a copy: F.linear then multiplies by the
+    very operand transformers' kernel does, so the experts' outputs are bitwise its own."""
+    fused = {name: state.pop(prefix + name) for name in ("gate_up_proj", "gate_up_proj_bias", "down_proj",
+                                                         "down_proj_bias") if prefix + name in state}
+    for layer in ("gate_up_proj", "down_proj"):
+        if layer not in fused:
+            continue
+        for index, weight in enumerate(fused[layer].unbind(0)):
+            state[f"{prefix}{index}.{layer}.weight"] = weight.t()
+        for index, bias in enumerate(fused.get(f"{layer}_bias", torch.empty(0)).unbind(0)):
+            state[f"{prefix}{index}.{layer}.bias"] = bias
+    return state

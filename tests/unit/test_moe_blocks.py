@@ -1,0 +1,92 @@
+"""The mixtures of experts' spans (blocks/moe.py, blocks/llama.py's variants) against transformers' own
+model classes (MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM) on the
+same weights, in float32, with transformers' default experts kernel (grouped_mm): a full forward is
+bitwise its own (rows grouped by expert in the order its kernel groups them, gpt-oss's fused experts
+multiplied as the very tensors it multiplies)."""
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from bloompeer.blocks import Segment, open_checkpoint
+from bloompeer.blocks.moe import SparseMoe
+
+from ..conftest import MOE_FAMILY
+
+IDS = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9, 10, 11, 12, 13], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]])
+MASK = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 12]).bool()
+CHUNKS = [(0, 5), (5, 1), (6, 1), (7, 4), (11, 1)]  # a prefill, decode steps, a speculative-sized step
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.long().cumsum(-1) - 1).masked_fill(~mask, 0)
+
+
+@pytest.fixture(scope="module", params=sorted(MOE_FAMILY))
+def variant(request, moe_checkpoints):
+    """(name, transformers' model, our spans 0:1 and 1:4)."""
+    path = moe_checkpoints[request.param]
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, experts_implementation="grouped_mm")
+    checkpoint = open_checkpoint(path)
+    return request.param, reference.eval(), [checkpoint.load_span(0, 1, torch.float32),
+                                             checkpoint.load_span(1, 4, torch.float32)]
+
+
+def test_each_variant_is_a_sparse_mixture_where_its_config_says(variant):
+    name, reference, spans = variant
+    mlps = [block.feed_forward for span in spans for block in span.blocks]
+    sparse = [isinstance(mlp, SparseMoe) for mlp in mlps]
+    assert sparse == ([True, False, True, True] if name == "qwen3_moe" else [True] * 4)  # mlp_only_layers=[1]
+    experts = mlps[0].experts
+    assert len(experts) == reference.config.num_local_experts if hasattr(reference.config, "num_local_experts") \
+        else len(experts) == reference.config.num_experts
+    assert all(isinstance(layer, nn.Linear) for layer in experts[0].children())  # quantization takes them
+
+
+@torch.no_grad()
+def test_a_full_forward_is_bitwise_transformers(variant):
+    _, reference, spans = variant
+    for mask in (None, MASK):
+        positions = None if mask is None else _positions(mask)
+        expected = reference.model(IDS, attention_mask=mask, position_ids=positions).last_hidden_state
+        hidden = reference.model.embed_tokens(IDS)
+        for span in spans:
+            hidden = span(hidden, mask)
+        real = torch.ones_like(MASK) if mask is None else mask
+        torch.testing.assert_close(reference.model.norm(hidden)[real], expected[real], rtol=0, atol=0)
+
+
+@torch.no_grad()
+def test_steps_with_a_cache_equal_transformers_with_its_cache(variant):
+    _, reference, spans = variant
+    for mask in (None, MASK):
+        theirs = DynamicCache(config=reference.config)
+        caches = [span.new_cache(span.start, span.end, 2, 16, torch.float32) for span in spans]
+        embedded = reference.model.embed_tokens(IDS)
+        for position, num_new in CHUNKS:
+            new = slice(position, position + num_new)
+            attention = None if mask is None else mask[:, :new.stop]
+            positions = None if mask is None else _positions(attention)[:, new]
+            expected = reference(IDS[:, new], attention_mask=attention, position_ids=positions, cache=theirs,
+                                 use_cache=True).logits
+            hidden = embedded[:, new]
+            for span, cache in zip(spans, caches):
+                hidden = span(hidden, cache.begin_step(position, None if mask is None else mask[:, new], num_new),
+                              cache)
+            real = torch.ones(2, num_new, dtype=torch.bool) if mask is None else mask[:, new]
+            logits = reference.lm_head(reference.model.norm(hidden))
+            torch.testing.assert_close(logits[real], expected[real], rtol=0, atol=1e-5)
+
+
+@torch.no_grad()
+def test_a_sessions_tokens_are_routed_and_computed_alike_whatever_shares_its_pass(variant):
+    """Several requests in one pass (their rows grouped by expert together) give each request what it
+    gets alone, within float32 rounding; the routing is each request's own."""
+    _, _, spans = variant
+    span = spans[1]
+    torch.manual_seed(0)
+    segments = [Segment(torch.randn(1, length, span.config.hidden_size)) for length in (5, 1, 3)]
+    together = span.forward_segments(segments)
+    for segment, output in zip(segments, together):
+        torch.testing.assert_close(output, span(segment.hidden), rtol=0, atol=1e-5)
