@@ -33,6 +33,7 @@ _LAZY = {
     "INFERENCE_PROTOCOL": ".messages",
     "INFO_PROTOCOL": ".messages",
     "INT4_GROUP_SIZES": ".records",
+    "IncomingStream": ".streams",
     "Message": ".messages",
     "NetworkConfig": ".network_config",
     "NetworkError": ".node",

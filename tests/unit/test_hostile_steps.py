@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from bloompeer.blocks import SessionCache
-from bloompeer.p2p import ErrorCode, OpenSession, ProtocolError, PushStep, PushTarget, RemoteError, Step, pack
+from bloompeer.p2p import (
+    ErrorCode, IncomingStream, OpenSession, ProtocolError, PushStep, PushTarget, RemoteError, Step, pack,
+)
 from bloompeer.peer.server import handlers
 from bloompeer.peer.server.config import ServerConfig
 from bloompeer.peer.server.metrics import ServerMetrics
@@ -168,7 +170,8 @@ async def test_a_push_stream_computes_a_bounded_number_of_steps_at_once(monkeypa
         payload = pack(PushStep("token", Step(position, torch.randn(1, 1, HIDDEN))).to_wire())
         reader.feed_data(struct.pack(">Q", len(payload)) + payload)
     reader.feed_eof()
-    stream = asyncio.create_task(handlers.handle_push_stream(lambda: backend, None, "sender", reader, _Writer()))
+    stream = asyncio.create_task(handlers.handle_push_stream(lambda: backend, None,
+                                                             IncomingStream("sender", reader, _Writer())))
     while backend.waiting < 4:
         await asyncio.sleep(0.002)
     for _ in range(20):  # the stream is not read on while four steps wait
@@ -198,7 +201,7 @@ class _StuckWriter:
 async def test_an_answer_its_client_does_not_take_ends_the_stream(monkeypatch):
     monkeypatch.setattr(handlers, "DELIVER_TIMEOUT_S", 0.05)
     writer = _StuckWriter()
-    stream = handlers._InferenceStream(None, None, "client", writer)
+    stream = handlers._InferenceStream(None, None, IncomingStream("client", None, writer))
     await asyncio.wait_for(stream.send(handlers.ErrorFrame(ErrorCode.BUSY, "x")), 10)
     assert writer.closed  # the stream (and with it the session) ends; the step is not left waiting
 

@@ -21,7 +21,8 @@ import torch
 from ..._version import __version__
 from ...blocks import BlockSpan, Checkpoint, open_checkpoint
 from ...p2p import (
-    BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, PeerNode, RelaySlots,
+    BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, IncomingStream, PeerNode,
+    RelaySlots,
     ServerInfo, RequestLimits, ServerRecord, ServerState, announceable, get_dht_time, relays_in_records, serve,
     stop_serving,
 )
@@ -202,11 +203,11 @@ class Server:
     def _backend(self) -> SpanBackend:
         return self.service.backend
 
-    async def _inference_stream(self, peer_id_str: str, reader, writer) -> None:
-        await handle_inference_stream(self.service.backend, self.pusher, peer_id_str, reader, writer)
+    async def _inference_stream(self, stream: IncomingStream) -> None:
+        await handle_inference_stream(self.service.backend, self.pusher, stream)
 
-    async def _forward_stream(self, peer_id_str: str, reader, writer) -> None:
-        await handle_forward_stream(self.service.backend, peer_id_str, reader, writer)
+    async def _forward_stream(self, stream: IncomingStream) -> None:
+        await handle_forward_stream(self.service.backend, stream)
 
     async def _load_while_joining(self) -> BlockSpan:
         """Load blocks [start, end) in the compute thread (the loop, and the DHT node, stay responsive)
