@@ -1,23 +1,29 @@
 """The blocks a server holds, and the checked requests it runs on them for its peers.
 
 Stream handlers decode frames; this module checks that a request fits the model, the limits
-and the session (shapes, ranges, positions), then hands it to the scheduler.
+and the session (shapes, ranges, positions), then hands it to the scheduler. A request that
+fails is answered with `error_frame`: its code, or `internal` for a bug.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 import torch
 
 from ...blocks import BlockSpan, SessionCache
-from ...p2p import BackwardRequest, ErrorCode, ForwardRequest, Message, OpenSession, ProtocolError, Step
+from ...p2p import (
+    BackwardRequest, ErrorCode, ErrorFrame, ForwardRequest, Message, OpenSession, ProtocolError, Step,
+)
 from .config import ServerConfig
 from .metrics import ServerMetrics
 from .scheduler import Scheduler
 from .sessions import Session, SessionRegistry
 
-__all__ = ["SpanBackend"]
+__all__ = ["SpanBackend", "error_frame"]
+
+logger = logging.getLogger(__name__)
 
 
 class SpanBackend:
@@ -135,3 +141,12 @@ def _check_push(session: Session, step: Step) -> None:
     sessions = {session.token, *(hop.session_id for hop in step.push)}
     if len(sessions) != len(step.push) + 1:
         raise ProtocolError("push: every hop must be another session, named once")
+
+
+def error_frame(exc: Exception, peer: str) -> ErrorFrame:
+    """What a failed request is answered with: its code, or `internal` (logged) for a bug."""
+    if isinstance(exc, ProtocolError):
+        logger.debug("Refused a request from %s: %s", peer, exc)
+        return ErrorFrame(exc.code, str(exc))
+    logger.error("Request from %s failed", peer, exc_info=exc)
+    return ErrorFrame(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")

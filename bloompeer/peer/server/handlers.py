@@ -1,4 +1,5 @@
-"""Stream handlers: the server side of bloompeer's RPCs, one loop per stream.
+"""Stream handlers: the server side of bloompeer's RPCs, one loop per stream. What becomes of a
+step's output (pushed on, answered) is push.py's.
 
 A known error becomes an error frame with its code; anything unexpected is logged with its
 traceback and answered as `internal`; the stream (and every other stream) keeps going. Only a
@@ -11,18 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...p2p import (
     BackwardRequest, CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Gradients, IncomingStream, Message,
-    OpenSession, PeerUnavailableError, ProtocolError, PushStep, PushTarget, ServerInfo, SessionReady, Step,
-    StepOutput, decode_message,
+    OpenSession, PeerUnavailableError, ProtocolError, PushStep, ServerInfo, SessionReady, Step, StepOutput,
+    decode_message,
 )
-from .backend import SpanBackend
+from .backend import SpanBackend, error_frame
 from .metrics import OK, ServerMetrics
-from .push import PushSender
+from .push import PushSender, pushed_session, run_step
 from .sessions import Session
 
 __all__ = ["handle_inference_stream", "handle_forward_stream", "handle_info_stream", "handle_push_stream"]
@@ -39,15 +39,6 @@ MAX_PUSHED_IN_FLIGHT = 64
 # default request timeout (ClientConfig.request_timeout_s), which includes the answer's transfer.
 DELIVER_TIMEOUT_S = 60.0
 FrameHandler = Callable[[dict[str, Any]], Awaitable[Message | None | object]]
-
-
-def _error_frame(exc: Exception, peer: str) -> ErrorFrame:
-    """What a failed request is answered with: its code, or `internal` (logged) for a bug."""
-    if isinstance(exc, ProtocolError):
-        logger.debug("Refused a request from %s: %s", peer, exc)
-        return ErrorFrame(exc.code, str(exc))
-    logger.error("Request from %s failed", peer, exc_info=exc)
-    return ErrorFrame(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
 def _frame_kind(frame: dict[str, Any]) -> str:
@@ -76,7 +67,7 @@ async def _serve_frames(stream: IncomingStream, send: Callable[[Message], Awaita
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            reply = _error_frame(exc, stream.peer)
+            reply = error_frame(exc, stream.peer)
         if reply is not None:
             metrics.count_request(_frame_kind(frame), reply.code if isinstance(reply, ErrorFrame) else OK)
         if reply is CLOSE:
@@ -92,55 +83,6 @@ async def _run_stream(name: str, stream: IncomingStream, loop: Awaitable[None]) 
         logger.debug("%s stream from %s lost: %s", name, stream.peer, exc)
     finally:
         stream.close()
-
-
-async def run_step(backend: SpanBackend, pusher: PushSender, session: Session, step: Step,
-                   pushed: bool = False) -> None:
-    """Compute a step of `session`, push the output on to the next hop (if the client asked), and
-    answer the session's client. Used for steps from the client and for steps pushed to us."""
-    kind, received = "push" if pushed else "step", time.perf_counter()
-    try:
-        output = await backend.step(session, step)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        error = _error_frame(exc, session.peer_id_str)
-        backend.metrics.count_request(kind, error.code)
-        await session.deliver(error)
-        return
-    backend.metrics.step_latency.observe(time.perf_counter() - received)
-    backend.metrics.count_request(kind)
-    deliveries = []
-    if step.push:  # first: the rest of the chain waits for it, while the client only keeps its copy
-        hop, rest = step.push[0], step.push[1:]
-        pushed = PushStep(hop.session_id, Step(step.position, output, step.padding_mask, step.hypo_ids, step.step_id,
-                                               rest))
-        deliveries.append(_pass_on(backend, pusher, hop, pushed))
-    deliveries.append(session.deliver(StepOutput(output, step.step_id)))
-    await asyncio.gather(*deliveries)
-
-
-async def _pass_on(backend: SpanBackend, pusher: PushSender, hop: PushTarget, pushed: PushStep) -> None:
-    """Push a step to the next hop. A hop on this very server (a client's route can hold two
-    neighbouring spans here: after the server between them failed, the blocks it had are routed to
-    us again) is run here: libp2p refuses a dial to oneself, and the client would wait for an
-    answer that never comes, ban us, route the blocks to us again, and so on until it gives up."""
-    if hop.peer_id_str != pusher.own_peer_id:
-        await pusher.push(hop, pushed)
-        return
-    session = _pushed_session(backend, pushed, hop.peer_id_str)
-    if session is not None:
-        await run_step(backend, pusher, session, pushed.step, pushed=True)
-
-
-def _pushed_session(backend: SpanBackend, pushed: PushStep, sender: str) -> Session | None:
-    """The session a pushed step is for, or None (counted, and the step dropped: the client
-    recovers as from a failed server) if it is not open here."""
-    session = backend.registry.find(pushed.session_id)
-    if session is None:
-        logger.debug("%s pushed a step to an unknown session", sender)
-        backend.metrics.count_request("push", ErrorCode.NOT_SERVING)
-    return session
 
 
 class _InferenceStream:
@@ -201,7 +143,7 @@ async def handle_push_stream(serving: Callable[[], SpanBackend], pusher: PushSen
     async def handle(frame: dict[str, Any]) -> None:
         backend = serving()
         pushed = decode_message(frame, PushStep)
-        session = _pushed_session(backend, pushed, stream.peer)
+        session = pushed_session(backend, pushed, stream.peer)
         if session is None:
             return None
         await in_flight.acquire()  # the next frame is read once a step here is done
