@@ -4,6 +4,7 @@ or network (tests/swarm/test_bad_requests.py speaks raw frames to a real server)
 
 import asyncio
 import struct
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from bloompeer.p2p import (
 )
 from bloompeer.peer.server import handlers
 from bloompeer.peer.server.config import ServerConfig
+from bloompeer.peer.server.current_node import CurrentNode
 from bloompeer.peer.server.metrics import ServerMetrics
 from bloompeer.peer.server.push import PushSender
 from bloompeer.peer.server.scheduler import Scheduler
@@ -207,7 +209,7 @@ async def test_an_answer_its_client_does_not_take_ends_the_stream(monkeypatch):
 
 
 async def test_the_push_sender_forgets_a_hop_it_could_not_reach(monkeypatch):
-    sender = PushSender(None, "me")
+    sender = PushSender(CurrentNode(SimpleNamespace(p2p=None, peer_id_str="me")))
 
     async def unreachable(peer_id_str):
         raise RemoteError(ErrorCode.TIMEOUT, "cannot reach it", peer_id_str)

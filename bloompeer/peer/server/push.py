@@ -16,8 +16,9 @@ import logging
 import time
 from collections import Counter
 
-from ...p2p import P2P, PUSH_PROTOCOL, ErrorCode, PeerStream, PushStep, PushTarget, RemoteError, Step, StepOutput
+from ...p2p import PUSH_PROTOCOL, ErrorCode, PeerStream, PushStep, PushTarget, RemoteError, Step, StepOutput
 from .backend import SpanBackend, error_frame
+from .current_node import CurrentNode
 from .sessions import Session
 
 __all__ = ["PushSender", "pushed_session", "run_step"]
@@ -26,11 +27,15 @@ logger = logging.getLogger(__name__)
 
 
 class PushSender:
-    def __init__(self, p2p: P2P, own_peer_id: str, timeout_s: float = 10.0):
-        self.p2p, self.own_peer_id, self.timeout_s = p2p, own_peer_id, timeout_s  # a hop here is no push: _pass_on
+    def __init__(self, node: CurrentNode, timeout_s: float = 10.0):
+        self.node, self.timeout_s = node, timeout_s
         self._streams: dict[str, PeerStream] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._pushing: Counter[str] = Counter()  # pushes under way (or waiting) per next hop
+
+    @property
+    def own_peer_id(self) -> str:  # a hop here is no push: _pass_on
+        return self.node.peer_id_str
 
     async def push(self, target: PushTarget, step: PushStep) -> None:
         peer = target.peer_id_str
@@ -59,7 +64,7 @@ class PushSender:
 
     async def _stream(self, peer_id_str: str) -> PeerStream:
         if peer_id_str not in self._streams:
-            self._streams[peer_id_str] = await PeerStream.open(self.p2p, peer_id_str, PUSH_PROTOCOL, self.timeout_s,
+            self._streams[peer_id_str] = await PeerStream.open(self.node.p2p, peer_id_str, PUSH_PROTOCOL, self.timeout_s,
                                                                "push")
         return self._streams[peer_id_str]
 

@@ -23,13 +23,13 @@ from ...blocks import BlockSpan, Checkpoint, open_checkpoint
 from ...p2p import (
     BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, IncomingStream, PeerNode,
     RelaySlots,
-    ServerInfo, RequestLimits, ServerRecord, ServerState, announceable, get_dht_time, relays_in_records, serve,
-    stop_serving,
+    ServerInfo, RequestLimits, ServerRecord, ServerState, announceable, get_dht_time, relays_in_records,
 )
 from .backend import SpanBackend
 from .block_choice import Move, ServedSpan
 from .compute import ComputeWorker, check_device
 from .config import ServerConfig
+from .current_node import CurrentNode
 from .handlers import handle_forward_stream, handle_inference_stream, handle_info_stream, handle_push_stream
 from .memory_plan import MemoryPlan, plan_memory
 from .metrics import LiveState, MetricsEndpoint, ServerMetrics
@@ -64,9 +64,12 @@ class Server:
     request path has no way to reach into the lifecycle.
     """
 
-    def __init__(self, config: ServerConfig, checkpoint: Checkpoint, node: PeerNode, compute: ComputeWorker,
+    def __init__(self, config: ServerConfig, checkpoint: Checkpoint, joined: Joined, compute: ComputeWorker,
                  memory_plan: MemoryPlan):
-        self.config, self.checkpoint, self.node, self.compute = config, checkpoint, node, compute
+        self.config, self.checkpoint, self.compute = config, checkpoint, compute
+        # the node now (a rejoin behind NAT replaces it): every part reads it there, none keeps it
+        self.current = CurrentNode(joined.node, joined.relays, joined.reachable if joined.node.relaying else ())
+        self.reachability = joined.line
         self.model_uid = checkpoint.model_uid
         self.fingerprint = checkpoint.fingerprint()
         self.start, self.end = config.start, config.end
@@ -76,18 +79,14 @@ class Server:
         self.state = ServerState.JOINING
         self.service: SpanService | None = None  # the span served now (a retired one during a move)
         self.rebalancer: Rebalancer | None = None  # with --num-blocks
-        self.pusher = PushSender(node.p2p, node.peer_id_str)
-        self.push_rtts = PushRtts(node.p2p, node.peer_id_str)
+        self.pusher = PushSender(self.current)
+        self.push_rtts = PushRtts(self.current)
         self.metrics = ServerMetrics()
         self.metrics_endpoint: MetricsEndpoint | None = None  # with --metrics-port
-        self.reachability = "reachability: not checked"
-        self.relays: RelaySlots | None = None  # behind NAT: reached through these relays
-        self.relay_maddrs: tuple[str, ...] = ()  # where peers behind NAT reserve on us (we relay and are reachable)
         self.on_move: Callable[[str, Move], None] = lambda stage, plan: None  # "moving", then "online"
         self.on_relays: Callable[[str], None] = lambda line: None  # a relay left and others replaced it
         self.failed = asyncio.Event()  # a background task that cannot go on (a move that could not load)
         self._tasks: list[asyncio.Task] = []  # announcer, next hops, rebalancer, relay keeper
-        self._handlers: dict[str, Callable] = {}  # protocol -> handler, served again after a rejoin
         self.startup = StartupClock()
 
     @classmethod
@@ -116,9 +115,7 @@ class Server:
                             "reachability: not checked (--no-reachability-check)")
         compute = ComputeWorker(config.device)
         compute.make_caller_serial()
-        server = cls(config, checkpoint, joined.node, compute, plan)
-        server.reachability, server.relays = joined.line, joined.relays
-        server.relay_maddrs = joined.reachable if joined.node.relaying else ()
+        server = cls(config, checkpoint, joined, compute, plan)
         server.startup.add_network(joining, joined.node.join_seconds, config.check_reachability)
         try:
             await server._start(num_blocks)
@@ -133,14 +130,13 @@ class Server:
             self.metrics_endpoint = MetricsEndpoint(self.metrics, self.config.metrics_host, self.config.metrics_port)
             logger.info("Metrics for Prometheus at %s", self.metrics_endpoint.url)
         if self.start is None:
-            self.rebalancer = Rebalancer(self.node.p2p, self.node.directory, self.model_uid, num_blocks,
-                                         self.node.peer_id_str, self.metrics, self.config.rebalance_period_s,
-                                         self.config.move_delay_s)
+            self.rebalancer = Rebalancer(self.current, self.model_uid, num_blocks, self.metrics,
+                                         self.config.rebalance_period_s, self.config.move_delay_s)
             await asyncio.sleep(random.uniform(0, self.config.choice_delay_s))
             self.start, self.end = await self.rebalancer.choose(self.memory_plan.num_blocks, self.config.throughput)
             logger.info("Chose blocks %d:%d, where the swarm is weakest", self.start, self.end)
         # from now on other servers looking for gaps ask us what we serve (loading: joining)
-        await self._serve(INFO_PROTOCOL, functools.partial(handle_info_stream, self.info, self.metrics))
+        await self.current.serve(INFO_PROTOCOL, functools.partial(handle_info_stream, self.info, self.metrics))
         span = await self._load_while_joining()
         self.startup.lap("blocks and announcing joining")
         if not self.throughput:
@@ -155,10 +151,10 @@ class Server:
             cache_tokens_free=lambda: self.service.budget.tokens_left))
         self.startup.lap("attention cache")
         # a stream is served by the span served when it opens; pushed steps by the one served when they come
-        await self._serve(INFERENCE_PROTOCOL, self._inference_stream)
-        await self._serve(PUSH_PROTOCOL, functools.partial(handle_push_stream, self._backend, self.pusher))
-        await self._serve(FORWARD_PROTOCOL, self._forward_stream)
-        await self._serve(BACKWARD_PROTOCOL, self._forward_stream)
+        await self.current.serve(INFERENCE_PROTOCOL, self._inference_stream)
+        await self.current.serve(PUSH_PROTOCOL, functools.partial(handle_push_stream, self._backend, self.pusher))
+        await self.current.serve(FORWARD_PROTOCOL, self._forward_stream)
+        await self.current.serve(BACKWARD_PROTOCOL, self._forward_stream)
         self.state = ServerState.ONLINE
         await self.announce()
         self.startup.lap("announce")
@@ -166,8 +162,8 @@ class Server:
         self._start_task(self._measure_next_hops(num_blocks), "bloompeer-next-hops")
         if self.rebalancer is not None:
             self._start_task(self.rebalancer.run(self._served_span, self.move), "bloompeer-rebalancer")
-        if self.relays is not None:
-            keeper = RelayKeeper(self.relays, lambda: self.node.p2p, self._offered_relays, self._rejoin,
+        if self.current.relays is not None:
+            keeper = RelayKeeper(self.current.relays, lambda: self.current.p2p, self._offered_relays, self._rejoin,
                                  lambda line: self.on_relays(line))
             self._start_task(keeper.run(), "bloompeer-relays")
 
@@ -181,24 +177,18 @@ class Server:
             logger.error("%s failed; the server stops", task.get_name(), exc_info=task.exception())
             self.failed.set()
 
-    async def _serve(self, protocol: str, handler) -> None:
-        await serve(self.node.p2p, protocol, handler)
-        self._handlers[protocol] = handler
-
     async def _offered_relays(self, exclude: list[str]) -> list[str]:
         return await _offered_relays(self.model_uid, self.checkpoint.config().num_hidden_layers, self.node, exclude)
 
     async def _rejoin(self, relays: RelaySlots) -> None:
         """Behind NAT, start the daemon again on these relays (the streams open now end), serve and announce."""
-        node = await self.node.rejoin(behind_relays(self.config.network, relays))
-        self.node, self.relays = node, relays
-        self.pusher.close()
-        self.pusher.p2p = self.push_rtts.p2p = node.p2p
-        if self.rebalancer is not None:
-            self.rebalancer.p2p, self.rebalancer.directory = node.p2p, node.directory
-        for protocol, handler in self._handlers.items():
-            await serve(node.p2p, protocol, handler)
+        await self.current.rejoin(behind_relays(self.config.network, relays), relays)
+        self.pusher.close()  # its streams went with the old daemon
         await self.announce()
+
+    @property
+    def node(self) -> PeerNode:
+        return self.current.node
 
     def _backend(self) -> SpanBackend:
         return self.service.backend
@@ -283,8 +273,8 @@ class Server:
             peer_id=self.node.peer_id_str, state=self.state, start=self.start, end=self.end,
             throughput=self.throughput, cache_tokens_left=self.service.budget.tokens_left if self.service else 0,
             dtype=self.config.dtype, version=__version__, weights_fingerprint=self.fingerprint,
-            relayed=self.relays is not None, relay_maddrs=announceable(self.relay_maddrs),
-            via_relays=self.relays.announced() if self.relays is not None else (),
+            relayed=self.current.relays is not None, relay_maddrs=announceable(self.current.relay_maddrs),
+            via_relays=self.current.relays.announced() if self.current.relays is not None else (),
             limits=RequestLimits(self.config.max_batch, self.config.max_length, self.config.max_step_tokens),
             push_rtts_s=self.push_rtts.announced(), family=self.checkpoint.family.name,
             quant=self.storage.kind, quant_group_size=self.storage.announced_group_size,
@@ -341,8 +331,7 @@ class Server:
 
     async def _say_goodbye(self) -> None:
         await self.announce()
-        for name in self._handlers:
-            await stop_serving(self.node.p2p, name)
+        await self.current.stop_serving()
 
     async def shutdown(self) -> None:
         """Announce offline and release everything. Idempotent, and bounded in time (a stopped server
