@@ -64,8 +64,8 @@ class PushSender:
 
     async def _stream(self, peer_id_str: str) -> PeerStream:
         if peer_id_str not in self._streams:
-            self._streams[peer_id_str] = await PeerStream.open(self.node.p2p, peer_id_str, PUSH_PROTOCOL, self.timeout_s,
-                                                               "push")
+            self._streams[peer_id_str] = await PeerStream.open(self.node.p2p, peer_id_str, PUSH_PROTOCOL,
+                                                               self.timeout_s, "push")
         return self._streams[peer_id_str]
 
     def _drop(self, peer_id_str: str) -> None:
