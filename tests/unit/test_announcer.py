@@ -45,7 +45,7 @@ class _Directory:
         self.stored.append((model_uid, blocks, record, expiration))
         return True
 
-    async def find_servers(self, model_uid, num_blocks):
+    async def find_servers(self, model_uid, num_model_blocks):
         return self.servers
 
 

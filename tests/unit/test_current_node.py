@@ -39,7 +39,7 @@ class _FakeDirectory:
     def __init__(self):
         self.lookups = 0
 
-    async def find_servers(self, model_uid, num_blocks):
+    async def find_servers(self, model_uid, num_model_blocks):
         self.lookups += 1
         return {}
 

@@ -30,8 +30,8 @@ class FakeDirectory:
     def __init__(self, *views):
         self.views, self.lookups = list(views), 0
 
-    async def find_servers(self, model_uid, num_blocks):
-        assert (model_uid, num_blocks) == (MODEL, 4)
+    async def find_servers(self, model_uid, num_model_blocks):
+        assert (model_uid, num_model_blocks) == (MODEL, 4)
         self.lookups += 1
         return self.views.pop(0) if len(self.views) > 1 else self.views[0]
 

@@ -47,9 +47,9 @@ class Rebalancer:
     """Looks at the swarm of one model for one server: `node` is the server's, `me()` where it is
     now, and `move(plan)` moves it (and announces the new span at once)."""
 
-    def __init__(self, node: CurrentNode, model_uid: str, num_blocks: int, metrics: ServerMetrics, period_s: float,
-                 delay_s: float):
-        self.node, self.model_uid, self.num_blocks = node, model_uid, num_blocks
+    def __init__(self, node: CurrentNode, model_uid: str, num_model_blocks: int, metrics: ServerMetrics,
+                 period_s: float, delay_s: float):
+        self.node, self.model_uid, self.num_model_blocks = node, model_uid, num_model_blocks
         self.metrics, self.period_s, self.delay_s = metrics, period_s, delay_s
 
     async def survey(self, read_again: bool = False) -> list[ServedSpan]:
@@ -75,14 +75,14 @@ class Rebalancer:
         return live_spans(servers, answers, self.node.peer_id_str, self.model_uid)
 
     async def _records(self) -> dict[int, list[ServerRecord]]:
-        servers = await self.node.directory.find_servers(self.model_uid, self.num_blocks)
-        self.metrics.count_dht("lookup", self.num_blocks)
+        servers = await self.node.directory.find_servers(self.model_uid, self.num_model_blocks)
+        self.metrics.count_dht("lookup", self.num_model_blocks)
         return servers
 
     def _to_probe(self, servers: dict[int, list[ServerRecord]]) -> list[str]:
         """Peers with live records, those of the weakest blocks (by their records) first."""
         spans = live_spans(servers, {}, self.node.peer_id_str, self.model_uid)
-        strength = strengths(spans, self.num_blocks)
+        strength = strengths(spans, self.num_model_blocks)
         weakest: dict[str, float] = {}
         for span in spans:
             held = strength[span.start:span.end] or [0.0]
@@ -94,7 +94,7 @@ class Rebalancer:
         as the swarm's median)."""
         others = await self.survey()
         assumed = throughput or statistics.median([span.throughput for span in others] or [1.0])
-        return choose_blocks(others, self.num_blocks, count, assumed)
+        return choose_blocks(others, self.num_model_blocks, count, assumed)
 
     async def run(self, me: Callable[[], ServedSpan], move: Callable[[Move], Awaitable[None]]) -> None:
         """Look every period and move when the swarm needs it (run as a task). A look that fails is
@@ -112,14 +112,14 @@ class Rebalancer:
     async def check(self, me: Callable[[], ServedSpan]) -> Move | None:
         """A move worth making now, seen twice, a random delay apart; None to stay."""
         self.metrics.count_rebalance_check()
-        plan = plan_move(await self.survey(), me(), self.num_blocks)
+        plan = plan_move(await self.survey(), me(), self.num_model_blocks)
         if plan is None:
             return None
         delay_s = random.uniform(0, self.delay_s)
         logger.info("Blocks %d:%d would serve the swarm better (%s); looking again in %.1f s", plan.start, plan.end,
                     plan.reason, delay_s)
         await asyncio.sleep(delay_s)
-        again = plan_move(await self.survey(read_again=True), me(), self.num_blocks)
+        again = plan_move(await self.survey(read_again=True), me(), self.num_model_blocks)
         if again is None:
             logger.info("Staying: the swarm no longer needs the move (another server may have taken it)")
         return again

@@ -94,7 +94,7 @@ class Server:
         num_model_blocks = _check_blocks(config, checkpoint)
         storage = WeightStorage(config.quant, config.quant_group_size)
         storage.check(checkpoint, config.device)
-        wanted = config.end - config.start if config.start is not None else config.num_blocks or None
+        wanted = config.end - config.start if config.start is not None else config.num_blocks_to_serve or None
         plan = plan_memory(config, checkpoint, wanted, storage)  # before the network: a refusal costs nothing
         logger.info("Memory plan: %s", plan)
         joining = time.monotonic()
@@ -300,8 +300,9 @@ def _check_blocks(config: ServerConfig, checkpoint: Checkpoint) -> int:
     if config.start is not None and not 0 <= config.start < config.end <= num_model_blocks:
         raise ValueError(f"--blocks {config.start}:{config.end} is not a range within {model}'s "
                          f"{num_model_blocks} blocks (0:{num_model_blocks})")
-    if config.start is None and not 0 <= config.num_blocks <= num_model_blocks:
-        raise ValueError(f"--num-blocks {config.num_blocks} is not between 1 and {model}'s {num_model_blocks} blocks")
+    count = config.num_blocks_to_serve
+    if config.start is None and not 0 <= count <= num_model_blocks:
+        raise ValueError(f"--num-blocks {count} is not between 1 and {model}'s {num_model_blocks} blocks")
     return num_model_blocks
 
 
