@@ -54,8 +54,8 @@ async def test_two_steps_of_one_session_never_share_a_pass(span, compute):
     scheduler = Scheduler(span, compute, max_batch_tokens=64, device="cpu", dtype=torch.float32)
     cache = _filled_cache(span, 1, 3, seed=0)
     first, second = torch.randn(1, 1, HIDDEN), torch.randn(1, 1, HIDDEN)
-    outputs = await _run_queued(scheduler, scheduler.step(cache, Step(3, first)),
-                                scheduler.step(cache, Step(4, second)))
+    outputs = await _run_queued(scheduler, scheduler.step("s", cache, Step(3, first)),
+                                scheduler.step("s", cache, Step(4, second)))
     assert scheduler.batches_run == 2  # not one pass that fails and falls back to one by one
     reference = _filled_cache(span, 1, 3, seed=0)
     with torch.inference_mode():
@@ -77,8 +77,8 @@ async def test_a_failed_batch_reorders_the_beams_of_the_others_once(span, comput
     beams = _filled_cache(span, 3, 2, seed=1)
     broken = _BrokenCache(span.kv_heads, span.head_dim, 0, 2, 1, 8, torch.float32)
     hypo_ids, hidden = torch.tensor([1, 2, 0]), torch.randn(3, 1, HIDDEN)
-    output, error = await _run_queued(scheduler, scheduler.step(beams, Step(2, hidden, hypo_ids=hypo_ids)),
-                                      scheduler.step(broken, Step(0, torch.randn(1, 1, HIDDEN))))
+    output, error = await _run_queued(scheduler, scheduler.step("beams", beams, Step(2, hidden, hypo_ids=hypo_ids)),
+                                      scheduler.step("broken", broken, Step(0, torch.randn(1, 1, HIDDEN))))
     assert scheduler.batches_run == 1 and isinstance(error, RuntimeError)
     reference = _filled_cache(span, 3, 2, seed=1)
     reference.reorder(hypo_ids)
@@ -119,8 +119,8 @@ async def test_a_sessions_steps_run_one_at_a_time_each_checked_against_the_cache
 async def test_push_hops_that_name_a_session_twice_are_refused(service):
     session, other = await _open(service), await _open(service)
     hidden = torch.randn(1, 1, HIDDEN)
-    for hops in ([PushTarget("self", session.token)],  # a loop through this very session
-                 [PushTarget("next", other.token), PushTarget("after", other.token)]):
+    for hops in ([PushTarget("self", session.id)],  # a loop through this very session
+                 [PushTarget("next", other.id), PushTarget("after", other.id)]):
         with pytest.raises(ProtocolError, match="every hop must be another session"):
             await service.backend.step(session, Step(0, hidden, push=tuple(hops)))
     assert session.cache.length == 0  # refused before anything ran
@@ -153,7 +153,7 @@ class _WaitingBackend:
 
 
 class _Session:
-    peer_id_str, token = "client", "token"
+    peer_id_str, id = "client", "token"
 
     async def deliver(self, message):
         pass

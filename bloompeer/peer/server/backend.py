@@ -101,7 +101,7 @@ class SpanBackend:
                 ((hypo_ids >= 0) & (hypo_ids < cache.batch)).all())):
             raise ProtocolError(f"hypo_ids must be [{cache.batch}] indices into the batch")
         try:
-            return await self.scheduler.step(cache, step)
+            return await self.scheduler.step(session.id, cache, step)
         finally:
             session.touch()
 
@@ -138,7 +138,7 @@ def _check_push(session: Session, step: Step) -> None:
     """The hops a step is pushed on to must be distinct sessions, none of them this one: a chain that
     names a session twice would make one frame cost a pass per naming (a loop through this server, or
     between two), where a real chain costs one pass per session its client opened."""
-    sessions = {session.token, *(hop.session_id for hop in step.push)}
+    sessions = {session.id, *(hop.session_id for hop in step.push)}
     if len(sessions) != len(step.push) + 1:
         raise ProtocolError("push: every hop must be another session, named once")
 

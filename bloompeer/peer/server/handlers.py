@@ -109,7 +109,7 @@ class _InferenceStream:
             if self.session is not None:
                 raise ProtocolError("a session is already open on this stream")
             self.session = await self.backend.open_session(self.stream.peer, message, self.stream.close, self.send)
-            return SessionReady(self.session.token)
+            return SessionReady(self.session.id)
         if isinstance(message, Step):
             if self.session is None:
                 raise ProtocolError("step before open")
