@@ -137,7 +137,8 @@ class _WaitingBackend:
     """A backend whose steps wait until released, counting how many wait at once."""
 
     def __init__(self, session):
-        self.session, self.config, self.metrics = session, ServerConfig(model="m", start=0, end=2), ServerMetrics()
+        self.session, self.metrics = session, ServerMetrics()
+        self.server_config = ServerConfig(model="m", start=0, end=2)
         self.registry = self
         self.waiting, self.most_waiting, self.release = 0, 0, asyncio.Event()
 

@@ -27,11 +27,14 @@ logger = logging.getLogger(__name__)
 
 
 class SpanBackend:
-    def __init__(self, span: BlockSpan, model_uid: str, config: ServerConfig, registry: SessionRegistry,
+    """Checks requests for the span served and runs them. `server_config` is the server's settings
+    (limits, device, dtype); `span.config` is the model's (transformers') config."""
+
+    def __init__(self, span: BlockSpan, model_uid: str, server_config: ServerConfig, registry: SessionRegistry,
                  scheduler: Scheduler, accepting: Callable[[], bool], metrics: ServerMetrics):
-        self.span, self.model_uid, self.config = span, model_uid, config
+        self.span, self.model_uid, self.server_config = span, model_uid, server_config
         self.registry, self.scheduler, self.accepting, self.metrics = registry, scheduler, accepting, metrics
-        self.dtype = getattr(torch, config.dtype)
+        self.dtype = getattr(torch, server_config.dtype)
         self.hidden_size = span.config.hidden_size
 
     def _check_serving(self, model: str, start: int, end: int) -> None:
@@ -54,15 +57,15 @@ class SpanBackend:
     async def open_session(self, peer_id_str: str, request: OpenSession, on_expire: Callable[[], None],
                            deliver: Callable[[Message], Awaitable[None]]) -> Session:
         self._check_serving(request.model, request.start, request.end)
-        self._check_limit("batch", request.batch, self.config.max_batch, "--max-batch")
-        self._check_limit("max_length", request.max_length, self.config.max_length, "--max-length")
+        self._check_limit("batch", request.batch, self.server_config.max_batch, "--max-batch")
+        self._check_limit("max_length", request.max_length, self.server_config.max_length, "--max-length")
         nbytes = self.span.cache_nbytes(request.end - request.start, request.batch, request.max_length, self.dtype)
 
         def make_cache() -> SessionCache:
             return self.span.new_cache(request.start, request.end, request.batch, request.max_length, self.dtype,
-                                       self.config.device)
+                                       self.server_config.device)
 
-        timeout_s = min(request.alloc_timeout_s, self.config.max_alloc_timeout_s)
+        timeout_s = min(request.alloc_timeout_s, self.server_config.max_alloc_timeout_s)
         return await self.registry.open(peer_id_str, nbytes, timeout_s, make_cache, on_expire, deliver)
 
     def _check_hidden(self, hidden: torch.Tensor, mask: torch.Tensor | None, batch: int | None = None) -> None:
@@ -73,8 +76,8 @@ class SpanBackend:
             raise ProtocolError(f"the session was opened for batch {batch}, got {hidden.shape[0]} rows")
         if mask is not None and mask.shape != hidden.shape[:2]:
             raise ProtocolError(f"padding_mask must be {list(hidden.shape[:2])}, got {list(mask.shape)}")
-        self._check_limit("rows (batch x tokens) per request", hidden.shape[:2].numel(), self.config.max_step_tokens,
-                          "--max-step-tokens")
+        self._check_limit("rows (batch x tokens) per request", hidden.shape[:2].numel(),
+                          self.server_config.max_step_tokens, "--max-step-tokens")
 
     async def step(self, session: Session, step: Step) -> torch.Tensor:
         async with session.stepping:
@@ -85,7 +88,7 @@ class SpanBackend:
             raise ProtocolError("this server is shutting down; move the session elsewhere", ErrorCode.NOT_SERVING)
         cache = session.cache
         if cache is None:
-            raise ProtocolError(f"the session was closed after {self.config.session_timeout_s:.0f} s idle",
+            raise ProtocolError(f"the session was closed after {self.server_config.session_timeout_s:.0f} s idle",
                                 ErrorCode.TIMEOUT)
         self._check_hidden(step.hidden, step.padding_mask, cache.batch)
         num_new = step.hidden.shape[1]
@@ -108,8 +111,8 @@ class SpanBackend:
     def _check_whole_sequences(self, request: ForwardRequest | BackwardRequest) -> None:
         self._check_serving(request.model, request.start, request.end)
         self._check_hidden(request.hidden, request.padding_mask)
-        self._check_limit("batch", request.hidden.shape[0], self.config.max_batch, "--max-batch")
-        self._check_limit("length", request.hidden.shape[1], self.config.max_length, "--max-length")
+        self._check_limit("batch", request.hidden.shape[0], self.server_config.max_batch, "--max-batch")
+        self._check_limit("length", request.hidden.shape[1], self.server_config.max_length, "--max-length")
         self._check_prompts(request.prompts, request.end - request.start, request.hidden)
 
     def _check_prompts(self, prompts: torch.Tensor | None, num_blocks: int, hidden: torch.Tensor) -> None:

@@ -125,7 +125,7 @@ class _InferenceStream:
 async def handle_inference_stream(backend: SpanBackend, pusher: PushSender, stream: IncomingStream) -> None:
     inference = _InferenceStream(backend, pusher, stream)
     try:
-        loop = _serve_frames(stream, inference.send, inference.handle, backend.config.max_frame_bytes,
+        loop = _serve_frames(stream, inference.send, inference.handle, backend.server_config.max_frame_bytes,
                              backend.metrics)
         await _run_stream("inference", stream, loop)
     finally:
@@ -156,7 +156,7 @@ async def handle_push_stream(serving: Callable[[], SpanBackend], pusher: PushSen
         logger.debug("Bad push from %s: %s", stream.peer, getattr(message, "message", message))
 
     try:
-        loop = _serve_frames(stream, send_nothing, handle, serving().config.max_frame_bytes, serving().metrics)
+        loop = _serve_frames(stream, send_nothing, handle, serving().server_config.max_frame_bytes, serving().metrics)
         await _run_stream("push", stream, loop)
     finally:
         await asyncio.gather(*running, return_exceptions=True)
@@ -172,7 +172,7 @@ async def handle_forward_stream(backend: SpanBackend, stream: IncomingStream) ->
         grad_hidden, grad_prompts = await backend.backward(request)
         return Gradients(grad_hidden, grad_prompts, codec=request.output_codec)
 
-    loop = _serve_frames(stream, stream.send, handle, backend.config.max_frame_bytes, backend.metrics)
+    loop = _serve_frames(stream, stream.send, handle, backend.server_config.max_frame_bytes, backend.metrics)
     await _run_stream("forward", stream, loop)
 
 
