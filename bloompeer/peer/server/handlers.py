@@ -11,21 +11,25 @@ PeerUnavailableError), never as asyncio's or the daemon's errors.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...p2p import (
-    BackwardRequest, CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Gradients, IncomingStream, Message,
-    OpenSession, PeerUnavailableError, ProtocolError, PushStep, ServerInfo, SessionReady, Step, StepOutput,
-    decode_message,
+    BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, PUSH_PROTOCOL, BackwardRequest, CloseSession, ErrorCode,
+    ErrorFrame, ForwardRequest, Gradients, IncomingStream, Message, OpenSession, PeerUnavailableError, ProtocolError,
+    PushStep, ServerInfo, SessionReady, Step, StepOutput, decode_message,
 )
 from .backend import SpanBackend, error_frame
+from .current_node import CurrentNode
 from .metrics import OK, ServerMetrics
 from .push import PushSender, pushed_session, run_step
 from .sessions import Session
 
-__all__ = ["handle_inference_stream", "handle_forward_stream", "handle_info_stream", "handle_push_stream"]
+__all__ = [
+    "handle_inference_stream", "handle_forward_stream", "handle_info_stream", "handle_push_stream", "serve_requests",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -179,3 +183,21 @@ async def handle_forward_stream(backend: SpanBackend, stream: IncomingStream) ->
 async def handle_info_stream(info: Callable[[], ServerInfo], metrics: ServerMetrics, stream: IncomingStream) -> None:
     metrics.count_request("info")
     await _run_stream("info", stream, stream.send(info()))
+
+
+async def serve_requests(node: CurrentNode, serving: Callable[[], SpanBackend], pusher: PushSender) -> None:
+    """Answer inference, push, forward and backward streams on `node` (and on its later daemons). A
+    stream is served by the backend `serving()` gives when it opens, a pushed step by the one it
+    gives when the step comes: after a move of ours, streams opened before it are refused (their
+    clients replay elsewhere), while the servers pushing to us keep their streams."""
+
+    async def inference(stream: IncomingStream) -> None:
+        await handle_inference_stream(serving(), pusher, stream)
+
+    async def forward(stream: IncomingStream) -> None:
+        await handle_forward_stream(serving(), stream)
+
+    await node.serve(INFERENCE_PROTOCOL, inference)
+    await node.serve(PUSH_PROTOCOL, functools.partial(handle_push_stream, serving, pusher))
+    await node.serve(FORWARD_PROTOCOL, forward)
+    await node.serve(BACKWARD_PROTOCOL, forward)

@@ -22,17 +22,13 @@ import torch
 
 from ..._version import __version__
 from ...blocks import BlockSpan, Checkpoint, open_checkpoint
-from ...p2p import (
-    BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, IncomingStream, PeerNode,
-    RelaySlots, ServerInfo, ServerState, relays_in_records,
-)
+from ...p2p import INFO_PROTOCOL, PeerNode, RelaySlots, ServerInfo, ServerState, relays_in_records
 from .announcer import Announcer, Standing
-from .backend import SpanBackend
 from .block_choice import Move, ServedSpan
 from .compute import ComputeWorker, check_device
 from .config import ServerConfig
 from .current_node import CurrentNode
-from .handlers import handle_forward_stream, handle_inference_stream, handle_info_stream, handle_push_stream
+from .handlers import handle_info_stream, serve_requests
 from .memory_plan import MemoryPlan, plan_memory
 from .metrics import LiveState, MetricsEndpoint, ServerMetrics
 from .push import PushSender
@@ -86,6 +82,11 @@ class Server:
         self._tasks: list[asyncio.Task] = []  # announcer, next hops, rebalancer, relay keeper
         self.startup = StartupClock()
 
+    @property
+    def node(self) -> PeerNode:
+        """The peer node now (behind NAT, the one of the latest rejoin)."""
+        return self.current.node
+
     @classmethod
     async def create(cls, config: ServerConfig) -> Server:
         """Join the network, load the blocks, register the handlers and announce online."""
@@ -128,7 +129,7 @@ class Server:
         self.service = self._serve_span(span)
         self._watch_metrics()
         self.startup.lap("attention cache")
-        await self._serve_requests()
+        await serve_requests(self.current, lambda: self.service.backend, self.pusher)
         self.state = ServerState.ONLINE
         await self.announcer.announce()
         self.startup.lap("announce")
@@ -143,18 +144,12 @@ class Server:
         logger.info("Chose blocks %d:%d, where the swarm is weakest", self.start, self.end)
 
     def _watch_metrics(self) -> None:
-        self.metrics.watch(LiveState(  # read at each scrape: the span served then
+        """Gauges of the span served, read at each scrape (a move replaces the span)."""
+        self.metrics.watch(LiveState(
             open_sessions=lambda: len(self.service.registry.sessions),
             queue_depth=lambda: self.service.scheduler.queue_depth,
             cache_tokens_used=lambda: self.service.budget.used_bytes // self.service.budget.bytes_per_token,
             cache_tokens_free=lambda: self.service.budget.tokens_left))
-
-    async def _serve_requests(self) -> None:
-        """A stream is served by the span served when it opens; pushed steps by the one served when they come."""
-        await self.current.serve(INFERENCE_PROTOCOL, self._inference_stream)
-        await self.current.serve(PUSH_PROTOCOL, functools.partial(handle_push_stream, self._backend, self.pusher))
-        await self.current.serve(FORWARD_PROTOCOL, self._forward_stream)
-        await self.current.serve(BACKWARD_PROTOCOL, self._forward_stream)
 
     def _start_background_tasks(self) -> None:
         self._start_task(self.announcer.run(), "bloompeer-announcer")
@@ -176,10 +171,6 @@ class Server:
             logger.error("%s failed; the server stops", task.get_name(), exc_info=task.exception())
             self.failed.set()
 
-    @property
-    def node(self) -> PeerNode:
-        return self.current.node
-
     async def _offered_relays(self, exclude: list[str]) -> list[str]:
         return await _offered_relays(self.model_uid, self.num_model_blocks, self.node, exclude)
 
@@ -188,15 +179,6 @@ class Server:
         await self.current.rejoin(behind_relays(self.config.network, relays), relays)
         self.pusher.close()  # its streams went with the old daemon
         await self.announcer.announce()
-
-    def _backend(self) -> SpanBackend:
-        return self.service.backend
-
-    async def _inference_stream(self, stream: IncomingStream) -> None:
-        await handle_inference_stream(self.service.backend, self.pusher, stream)
-
-    async def _forward_stream(self, stream: IncomingStream) -> None:
-        await handle_forward_stream(self.service.backend, stream)
 
     async def _load_while_joining(self) -> BlockSpan:
         """Load blocks [start, end) in the compute thread (the loop, and the DHT node, stay responsive)
