@@ -1,5 +1,6 @@
 """Dependencies point down: peer -> (p2p, blocks); p2p and blocks never import each other or peer;
-client and server never import each other. Checked on the source, and by importing each module alone."""
+client and server never import each other, nor the API (which sits on the client and never imports
+the server). Checked on the source, and by importing each module alone."""
 
 import ast
 import importlib
@@ -19,8 +20,9 @@ MODULES = sorted(
 FORBIDDEN = {
     "bloompeer.blocks": ("bloompeer.p2p", "bloompeer.peer"),
     "bloompeer.p2p": ("bloompeer.blocks", "bloompeer.peer"),
-    "bloompeer.peer.client": ("bloompeer.peer.server",),
-    "bloompeer.peer.server": ("bloompeer.peer.client",),
+    "bloompeer.peer.client": ("bloompeer.peer.server", "bloompeer.peer.api"),
+    "bloompeer.peer.server": ("bloompeer.peer.client", "bloompeer.peer.api"),
+    "bloompeer.peer.api": ("bloompeer.peer.server",),  # the API is a client of the swarm, never a server
 }
 
 

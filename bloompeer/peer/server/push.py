@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 
 class PushSender:
+    """Sends steps on to next hops, over one kept stream per hop, opened through the node of now (a
+    rejoin ends the old daemon's streams: `close` forgets them)."""
+
     def __init__(self, node: CurrentNode, timeout_s: float = 10.0):
         self.node, self.timeout_s = node, timeout_s
         self._streams: dict[str, PeerStream] = {}
