@@ -13,9 +13,7 @@ from collections.abc import Awaitable, Callable
 import torch
 
 from ...blocks import BlockSpan, SessionCache
-from ...p2p import (
-    BackwardRequest, ErrorCode, ErrorFrame, ForwardRequest, Message, OpenSession, ProtocolError, Step,
-)
+from ...p2p import BackwardRequest, ErrorCode, ErrorFrame, ForwardRequest, Message, OpenSession, ProtocolError, Step
 from .config import ServerConfig
 from .metrics import ServerMetrics
 from .scheduler import Scheduler

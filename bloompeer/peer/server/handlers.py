@@ -100,8 +100,8 @@ class _InferenceStream:
     async def send(self, message: Message) -> None:
         try:
             await self.stream.send(message, DELIVER_TIMEOUT_S)
-        except PeerUnavailableError as exc:  # the stream is closed either way: the stream loop ends too
-            if exc.code is ErrorCode.TIMEOUT:
+        except PeerUnavailableError as exc:  # the stream loop ends too: its reads end as the stream does
+            if exc.code is ErrorCode.TIMEOUT:  # IncomingStream.send closed it
                 logger.info("Ending a session of %s: it took no answer for %.0f s", self.stream.peer,
                             DELIVER_TIMEOUT_S)
             else:  # the client went away
