@@ -32,6 +32,7 @@ _LAZY = {
     "Gradients": ".messages",
     "INFERENCE_PROTOCOL": ".messages",
     "INFO_PROTOCOL": ".messages",
+    "IncomingStream": ".streams",
     "Message": ".messages",
     "NetworkConfig": ".network_config",
     "NetworkError": ".node",

@@ -41,19 +41,27 @@ SELF_CHECK_OPEN_S = 10.0
 DAEMON_STOP_S = 3.0  # after SIGTERM, how long p2pd gets to exit before it is killed
 _SELF_CHECK_PROTOCOL = "bloompeer.relay-check/1"
 LOOPBACK_IPS = ("/ip4/127.0.0.1/", "/ip6/::1/")
+GO_SINGLE_THREAD = {"GOMAXPROCS": "1"}  # a relay's p2pd: its configured relay service wins (module docstring)
 
 
 class _Daemon(P2P):
-    """hivemind's P2P with daemon flags that P2P.create does not take."""
+    """hivemind's P2P with daemon flags that P2P.create does not take, and environment variables for
+    the daemon alone: hivemind starts p2pd with a copy of our environment and takes no other, and
+    setting os.environ around the start would race with other threads of this process that start
+    daemons (an API server's clients), so p2pd is started through env(1), which execs it in place."""
 
     extra_flags: ClassVar[dict] = {}
+    extra_env: ClassVar[dict] = {}
 
     def _make_process_args(self, *args, **kwargs):
-        return P2P._make_process_args(*args, **{**kwargs, **self.extra_flags})
+        process_args = P2P._make_process_args(*args, **{**kwargs, **self.extra_flags})
+        if not self.extra_env:
+            return process_args
+        return ["env", *(f"{name}={value}" for name, value in self.extra_env.items()), *process_args]
 
     @classmethod
-    def with_flags(cls, **flags) -> type[_Daemon]:
-        return type("Daemon", (cls,), {"extra_flags": flags})
+    def with_flags(cls, env: dict[str, str] | None = None, **flags) -> type[_Daemon]:
+        return type("Daemon", (cls,), {"extra_flags": flags, "extra_env": env or {}})
 
     @classmethod
     async def is_identity_taken(cls, identity_path: str, **kwargs) -> bool:
@@ -78,11 +86,9 @@ async def start_daemon(initial_peers: Sequence[str], host_maddrs: Sequence[str],
                                    announce_maddrs=[f"{relay}/p2p-circuit" for relay in relays]), False
     if not relay_for_others:
         return await P2P.create(**common, announce_maddrs=list(announce_maddrs) or None), False
-    daemon = _Daemon.with_flags(relayDataLimit=RELAY_DATA_LIMIT, relayTimeLimit=RELAY_TIME_LIMIT)
+    daemon = _Daemon.with_flags(env=GO_SINGLE_THREAD, relayDataLimit=RELAY_DATA_LIMIT, relayTimeLimit=RELAY_TIME_LIMIT)
     for attempt in range(1, RELAY_START_ATTEMPTS + 1):
-        with _go_single_thread():
-            p2p = await daemon.create(**common, announce_maddrs=list(announce_maddrs) or None,
-                                      force_reachability="public")
+        p2p = await daemon.create(**common, announce_maddrs=list(announce_maddrs) or None, force_reachability="public")
         if await _relays_large_streams(p2p):
             return p2p, True
         logger.warning("The relay service came up with libp2p's default limits (attempt %d of %d); restarting",
@@ -103,20 +109,6 @@ async def stop_daemon(p2p: P2P, timeout_s: float = DAEMON_STOP_S) -> None:
         with contextlib.suppress(ProcessLookupError):
             child.kill()
         await child.wait()
-
-
-@contextlib.contextmanager
-def _go_single_thread():
-    """GOMAXPROCS=1 for the daemon started inside (it copies our environment at start)."""
-    previous = os.environ.get("GOMAXPROCS")
-    os.environ["GOMAXPROCS"] = "1"
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ["GOMAXPROCS"]
-        else:
-            os.environ["GOMAXPROCS"] = previous
 
 
 async def _open_when_routable(behind: P2P, hidden: PeerID):

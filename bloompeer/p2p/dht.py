@@ -83,14 +83,14 @@ class BlockDirectory:
             return False
         return all(results.values())
 
-    async def find_servers(self, model_uid: str, num_blocks: int) -> dict[int, list[ServerRecord]]:
+    async def find_servers(self, model_uid: str, num_model_blocks: int) -> dict[int, list[ServerRecord]]:
         """Latest records of every server of every block; malformed records are skipped."""
-        found = await self.find_records(model_uid, num_blocks)
+        found = await self.find_records(model_uid, num_model_blocks)
         return {index: [item.record for item in items] for index, items in found.items()}
 
-    async def find_records(self, model_uid: str, num_blocks: int) -> dict[int, list[FoundRecord]]:
+    async def find_records(self, model_uid: str, num_model_blocks: int) -> dict[int, list[FoundRecord]]:
         """find_servers' records, each with the DHT time it expires at."""
-        keys = [block_key(model_uid, index) for index in range(num_blocks)]
+        keys = [block_key(model_uid, index) for index in range(num_model_blocks)]
         try:
             found = await asyncio.wait_for(
                 self.node.get_many(keys, sufficient_expiration_time=float("inf")), self.timeout_s

@@ -2,16 +2,20 @@
 frames, bounds every wait, and turns what hivemind and p2pd raise into bloompeer's errors.
 
 Above this module nothing sees P2PDaemonError, ConnectionError, IncompleteReadError or a
-timeout: a stream that cannot be opened, is lost or stays silent is a PeerUnavailableError (route
-around the peer), an error frame is the class `remote_error` maps its code to, and a reply we
-cannot decode or did not expect is a PeerMisbehavedError (ban the peer). The server side
-registers its handlers here too, and gets the caller's peer id as a string.
+timeout, on either end of a stream:
+  - a client's `PeerStream`: a stream that cannot be opened, is lost or stays silent is a
+    PeerUnavailableError (route around the peer), an error frame is the class `remote_error` maps
+    its code to, and a reply we cannot decode or did not expect is a PeerMisbehavedError (ban the peer);
+  - a server's `IncomingStream` (what `serve` hands a handler, with the caller's peer id as a
+    string): the peer ending the stream is a clean end (None), a frame we refuse is a ProtocolError
+    (answered with its code), and a lost stream or an answer not taken in time is a PeerUnavailableError.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
@@ -20,7 +24,7 @@ from .errors import ErrorCode, PeerMisbehavedError, PeerUnavailableError, Protoc
 from .framing import read_frame, write_frame
 from .messages import ErrorFrame, Message, decode_message
 
-__all__ = ["P2P", "PeerStream", "StreamHandler", "request_once", "serve", "stop_serving"]
+__all__ = ["P2P", "IncomingStream", "PeerStream", "StreamHandler", "request_once", "serve", "stop_serving"]
 
 # What hivemind, p2pd and asyncio raise when a stream cannot be opened, or is gone, while we use it.
 _OPEN_FAILURES = (P2PDaemonError, OSError, ValueError)  # OSError: the daemon's socket; ValueError: not a peer id
@@ -138,14 +142,58 @@ def _unavailable(peer: str, about: str, message: str, code: ErrorCode = ErrorCod
     return PeerUnavailableError(code, _prefixed(about, message), peer)
 
 
-StreamHandler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+class IncomingStream:
+    """A stream a peer opened to us, as a handler sees it: frames in as the peer sent them (the
+    handler decodes the messages it takes), answers out one frame at a time.
+
+    Answers may come from several tasks at once (steps pushed to a session answer on its client's
+    stream too), so frames are written one at a time, and a send's timeout covers its wait for its
+    turn. A frame the peer did not take in time may be half written: the stream is then closed.
+    """
+
+    def __init__(self, peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.peer, self.reader, self.writer = peer, reader, writer
+        self._writing = asyncio.Lock()
+
+    async def receive_frame(self, max_bytes: int) -> dict[str, Any] | None:
+        """The next frame, or None when the peer ended the stream (also in the middle of a frame: what
+        it sent of that one is dropped). ProtocolError for a frame we refuse: after a too_large one
+        the unread body is still in the stream, so the caller answers and ends it. PeerUnavailableError
+        if the stream is lost."""
+        try:
+            return await read_frame(self.reader, max_bytes)
+        except asyncio.IncompleteReadError:
+            return None
+        except (P2PDaemonError, ConnectionError) as exc:
+            raise _unavailable(self.peer, "", f"stream lost: {exc!r}") from exc
+
+    async def send(self, message: Message, timeout_s: float | None = None) -> None:
+        """Write one frame; with `timeout_s`, give up (and close the stream) if the peer does not take
+        it in time. PeerUnavailableError (code timeout for that) if it cannot be written."""
+        wire = message.to_wire()
+        try:
+            async with asyncio.timeout(timeout_s), self._writing:
+                await write_frame(self.writer, wire)
+        except TimeoutError as exc:
+            self.close()
+            raise _unavailable(self.peer, "", f"did not take a frame within {timeout_s:.0f} s",
+                               ErrorCode.TIMEOUT) from exc
+        except _SEND_FAILURES as exc:
+            raise _unavailable(self.peer, "", f"stream lost: {exc!r}") from exc
+
+    def close(self) -> None:
+        """End the stream (idempotent); the peer's reads end, and so does our handler's loop."""
+        self.writer.close()
+
+
+StreamHandler = Callable[[IncomingStream], Awaitable[None]]
 
 
 async def serve(p2p: P2P, protocol: str, handler: StreamHandler) -> None:
-    """Answer streams opened to us for `protocol`: handler(the caller's peer id, reader, writer)."""
+    """Answer streams opened to us for `protocol`: handler(the stream, which names its peer)."""
 
     async def on_stream(info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await handler(info.peer_id.to_base58(), reader, writer)
+        await handler(IncomingStream(info.peer_id.to_base58(), reader, writer))
 
     await p2p.add_binary_stream_handler(protocol, on_stream)
 

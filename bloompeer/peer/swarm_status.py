@@ -10,15 +10,16 @@ from ..p2p import ServerRecord, ServerState
 __all__ = ["missing_blocks", "status_data", "weights_on_offer"]
 
 
-def status_data(model_uid: str, num_blocks: int, servers: dict[int, list[ServerRecord]]) -> dict[str, Any]:
-    """{"model", "num_blocks", "missing": [block indices no online server covers], "weights": the ways
-    online servers store the weights (weights_on_offer), "blocks": [{"index", "servers": [DHT record
-    as on the wire, plus "weights": WeightFormat.label]}]}, from BlockDirectory.find_servers' answer."""
+def status_data(model_uid: str, num_model_blocks: int, servers: dict[int, list[ServerRecord]]) -> dict[str, Any]:
+    """{"model", "num_blocks" (the model's), "missing": [block indices no online server covers], "weights":
+    the ways online servers store the weights (weights_on_offer), "blocks": [{"index", "servers": [DHT
+    record as on the wire, plus "weights": WeightFormat.label]}]}, from BlockDirectory.find_servers'
+    answer. Its keys are what `bloompeer status --json` and the API's dashboard print: they stay as they are."""
     blocks = [{"index": i, "servers": [{**record.to_wire(), "weights": record.weights.label}
-                                       for record in servers.get(i, [])]} for i in range(num_blocks)]
-    missing = missing_blocks(num_blocks, servers)
-    return {"model": model_uid, "num_blocks": num_blocks, "missing": missing, "weights": weights_on_offer(servers),
-            "blocks": blocks}
+                                       for record in servers.get(i, [])]} for i in range(num_model_blocks)]
+    missing = missing_blocks(num_model_blocks, servers)
+    return {"model": model_uid, "num_blocks": num_model_blocks, "missing": missing,
+            "weights": weights_on_offer(servers), "blocks": blocks}
 
 
 def weights_on_offer(servers: dict[int, list[ServerRecord]]) -> list[str]:
@@ -26,6 +27,7 @@ def weights_on_offer(servers: dict[int, list[ServerRecord]]) -> list[str]:
     return sorted({r.weights.label for records in servers.values() for r in records if r.state is ServerState.ONLINE})
 
 
-def missing_blocks(num_blocks: int, servers: dict[int, list[ServerRecord]]) -> list[int]:
+def missing_blocks(num_model_blocks: int, servers: dict[int, list[ServerRecord]]) -> list[int]:
     """Blocks that no server announcing itself online covers (a joining, draining or offline one does not count)."""
-    return [i for i in range(num_blocks) if not any(r.state is ServerState.ONLINE for r in servers.get(i, []))]
+    return [i for i in range(num_model_blocks)
+            if not any(r.state is ServerState.ONLINE for r in servers.get(i, []))]

@@ -4,6 +4,7 @@ limits would cut a session (real p2pd daemons on 127.0.0.1)."""
 from __future__ import annotations
 
 import logging
+import os
 
 from bloompeer.p2p import daemon
 
@@ -11,15 +12,20 @@ LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
 async def _start_relay(**flags):
-    with daemon._go_single_thread():
-        return await daemon._Daemon.with_flags(**flags).create(host_maddrs=LOOPBACK, force_reachability="public")
+    return await daemon._Daemon.with_flags(env=daemon.GO_SINGLE_THREAD, **flags).create(
+        host_maddrs=LOOPBACK, force_reachability="public")
 
 
 async def test_a_relay_with_bloompeers_limits_carries_more_than_libp2ps_default():
+    ours = os.environ.get("GOMAXPROCS")
     relay, relaying = await daemon.start_daemon([], LOOPBACK, [], None, False, True, ())
     try:
         assert relaying
         assert await daemon._relays_large_streams(relay)  # start_daemon checked it too; check once more
+        if os.path.exists(f"/proc/{relay._child.pid}/environ"):  # Linux: p2pd itself runs single-threaded
+            with open(f"/proc/{relay._child.pid}/environ", "rb") as environ:
+                assert b"GOMAXPROCS=1" in environ.read().split(b"\0")
+        assert os.environ.get("GOMAXPROCS") == ours  # set for the daemon alone, never in this process
     finally:
         await relay.shutdown()
 

@@ -30,9 +30,10 @@ class FixedDirectory:
     def __init__(self, records: list[ServerRecord]):
         self.records = records
 
-    async def find_records(self, model_uid: str, num_blocks: int) -> dict[int, list[FoundRecord]]:
+    async def find_records(self, model_uid: str, num_model_blocks: int) -> dict[int, list[FoundRecord]]:
         forever = float("inf")
-        return {i: [FoundRecord(r, forever) for r in self.records if r.start <= i < r.end] for i in range(num_blocks)}
+        return {i: [FoundRecord(r, forever) for r in self.records if r.start <= i < r.end]
+                for i in range(num_model_blocks)}
 
 
 def swarm_of(*records: ServerRecord, rtts_s: dict[str, float] | None = None) -> SwarmView:

@@ -18,14 +18,14 @@ def _span(peer, start, end, throughput=1.0):
 def test_a_spare_server_moves_to_an_uncovered_range_and_the_last_server_of_a_range_stays():
     # blocks 2:4 lost both their servers; "spare" holds 0:2 beside "a", "b" holds 0:2 alone once spare leaves
     others = [_span("a", 0, 2)]
-    move = plan_move(others, _span("spare", 0, 2), num_blocks=4)
+    move = plan_move(others, _span("spare", 0, 2), num_model_blocks=4)
     assert (move.start, move.end) == (2, 4) and "uncovered" in move.reason
     # the only server of 0:2 would uncover its own blocks to cover others: nothing gained
-    assert plan_move([], _span("alone", 0, 2), num_blocks=4) is None
+    assert plan_move([], _span("alone", 0, 2), num_model_blocks=4) is None
 
 
 def test_a_move_that_covers_part_of_a_gap_is_made():
-    move = plan_move([_span("a", 0, 2), _span("b", 0, 2)], _span("spare", 0, 2), num_blocks=6)
+    move = plan_move([_span("a", 0, 2), _span("b", 0, 2)], _span("spare", 0, 2), num_model_blocks=6)
     assert (move.start, move.end) in {(2, 4), (3, 5), (4, 6)}
     assert "4 block(s) uncovered, 2 after the move" in move.reason
 

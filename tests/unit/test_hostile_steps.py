@@ -4,14 +4,18 @@ or network (tests/swarm/test_bad_requests.py speaks raw frames to a real server)
 
 import asyncio
 import struct
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from bloompeer.blocks import SessionCache
-from bloompeer.p2p import ErrorCode, OpenSession, ProtocolError, PushStep, PushTarget, RemoteError, Step, pack
+from bloompeer.p2p import (
+    ErrorCode, IncomingStream, OpenSession, ProtocolError, PushStep, PushTarget, RemoteError, Step, pack,
+)
 from bloompeer.peer.server import handlers
 from bloompeer.peer.server.config import ServerConfig
+from bloompeer.peer.server.current_node import CurrentNode
 from bloompeer.peer.server.metrics import ServerMetrics
 from bloompeer.peer.server.push import PushSender
 from bloompeer.peer.server.scheduler import Scheduler
@@ -50,8 +54,8 @@ async def test_two_steps_of_one_session_never_share_a_pass(span, compute):
     scheduler = Scheduler(span, compute, max_batch_tokens=64, device="cpu", dtype=torch.float32)
     cache = _filled_cache(span, 1, 3, seed=0)
     first, second = torch.randn(1, 1, HIDDEN), torch.randn(1, 1, HIDDEN)
-    outputs = await _run_queued(scheduler, scheduler.step(cache, Step(3, first)),
-                                scheduler.step(cache, Step(4, second)))
+    outputs = await _run_queued(scheduler, scheduler.step("s", cache, Step(3, first)),
+                                scheduler.step("s", cache, Step(4, second)))
     assert scheduler.batches_run == 2  # not one pass that fails and falls back to one by one
     reference = _filled_cache(span, 1, 3, seed=0)
     with torch.inference_mode():
@@ -73,8 +77,8 @@ async def test_a_failed_batch_reorders_the_beams_of_the_others_once(span, comput
     beams = _filled_cache(span, 3, 2, seed=1)
     broken = _BrokenCache(span.kv_heads, span.head_dim, 0, 2, 1, 8, torch.float32)
     hypo_ids, hidden = torch.tensor([1, 2, 0]), torch.randn(3, 1, HIDDEN)
-    output, error = await _run_queued(scheduler, scheduler.step(beams, Step(2, hidden, hypo_ids=hypo_ids)),
-                                      scheduler.step(broken, Step(0, torch.randn(1, 1, HIDDEN))))
+    output, error = await _run_queued(scheduler, scheduler.step("beams", beams, Step(2, hidden, hypo_ids=hypo_ids)),
+                                      scheduler.step("broken", broken, Step(0, torch.randn(1, 1, HIDDEN))))
     assert scheduler.batches_run == 1 and isinstance(error, RuntimeError)
     reference = _filled_cache(span, 3, 2, seed=1)
     reference.reorder(hypo_ids)
@@ -116,8 +120,8 @@ async def test_a_sessions_steps_run_one_at_a_time_each_checked_against_the_cache
 async def test_push_hops_that_name_a_session_twice_are_refused(service):
     session, other = await _open(service), await _open(service)
     hidden = torch.randn(1, 1, HIDDEN)
-    for hops in ([PushTarget("self", session.token)],  # a loop through this very session
-                 [PushTarget("next", other.token), PushTarget("after", other.token)]):
+    for hops in ([PushTarget("self", session.id)],  # a loop through this very session
+                 [PushTarget("next", other.id), PushTarget("after", other.id)]):
         with pytest.raises(ProtocolError, match="every hop must be another session"):
             await service.backend.step(session, Step(0, hidden, push=tuple(hops)))
     assert session.cache.length == 0  # refused before anything ran
@@ -134,7 +138,8 @@ class _WaitingBackend:
     """A backend whose steps wait until released, counting how many wait at once."""
 
     def __init__(self, session):
-        self.session, self.config, self.metrics = session, ServerConfig(model="m", start=0, end=2), ServerMetrics()
+        self.session, self.metrics = session, ServerMetrics()
+        self.server_config = ServerConfig(model="m", start=0, end=2)
         self.registry = self
         self.waiting, self.most_waiting, self.release = 0, 0, asyncio.Event()
 
@@ -150,7 +155,7 @@ class _WaitingBackend:
 
 
 class _Session:
-    peer_id_str, token = "client", "token"
+    peer_id_str, id = "client", "token"
 
     async def deliver(self, message):
         pass
@@ -169,7 +174,8 @@ async def test_a_push_stream_computes_a_bounded_number_of_steps_at_once(monkeypa
         payload = pack(PushStep("token", Step(position, torch.randn(1, 1, HIDDEN))).to_wire())
         reader.feed_data(struct.pack(">Q", len(payload)) + payload)
     reader.feed_eof()
-    stream = asyncio.create_task(handlers.handle_push_stream(lambda: backend, None, "sender", reader, _Writer()))
+    stream = asyncio.create_task(handlers.handle_push_stream(lambda: backend, None,
+                                                             IncomingStream("sender", reader, _Writer())))
     while backend.waiting < 4:
         await asyncio.sleep(0.002)
     for _ in range(20):  # the stream is not read on while four steps wait
@@ -199,13 +205,13 @@ class _StuckWriter:
 async def test_an_answer_its_client_does_not_take_ends_the_stream(monkeypatch):
     monkeypatch.setattr(handlers, "DELIVER_TIMEOUT_S", 0.05)
     writer = _StuckWriter()
-    stream = handlers._InferenceStream(None, None, "client", writer)
+    stream = handlers._InferenceStream(None, None, IncomingStream("client", None, writer))
     await asyncio.wait_for(stream.send(handlers.ErrorFrame(ErrorCode.BUSY, "x")), 10)
     assert writer.closed  # the stream (and with it the session) ends; the step is not left waiting
 
 
 async def test_the_push_sender_forgets_a_hop_it_could_not_reach(monkeypatch):
-    sender = PushSender(None, "me")
+    sender = PushSender(CurrentNode(SimpleNamespace(p2p=None, peer_id_str="me")))
 
     async def unreachable(peer_id_str):
         raise RemoteError(ErrorCode.TIMEOUT, "cannot reach it", peer_id_str)

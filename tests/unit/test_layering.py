@@ -1,5 +1,6 @@
 """Dependencies point down: peer -> (p2p, blocks); p2p and blocks never import each other or peer;
-client and server never import each other. Checked on the source, and by importing each module alone."""
+client and server never import each other, nor the API (which sits on the client and never imports
+the server). Checked on the source, and by importing each module alone."""
 
 import ast
 import importlib

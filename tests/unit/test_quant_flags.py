@@ -21,8 +21,8 @@ def test_serve_quant_flags_reach_the_server_config():
 
 
 def test_a_bare_num_blocks_asks_for_as_many_blocks_as_fit():
-    assert server_config(_parse("serve", "--num-blocks")).num_blocks == 0
-    assert server_config(_parse("serve", "--num-blocks", "3")).num_blocks == 3
+    assert server_config(_parse("serve", "--num-blocks")).num_blocks_to_serve == 0
+    assert server_config(_parse("serve", "--num-blocks", "3")).num_blocks_to_serve == 3
 
 
 @pytest.mark.parametrize("argv", [["--quant", "int3"], ["--quant-group-size", "48"]])

@@ -2,11 +2,14 @@
 records of killed servers still say online, and only the answers tell; a second look, after the
 random wait, leaves a gap that another server took in the meantime."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from bloompeer.p2p import RequestLimits, ServerInfo, ServerRecord, ServerState
 from bloompeer.peer.server import rebalancer
 from bloompeer.peer.server.block_choice import ServedSpan
+from bloompeer.peer.server.current_node import CurrentNode
 from bloompeer.peer.server.metrics import ServerMetrics
 from bloompeer.peer.server.rebalancer import Rebalancer
 from bloompeer.weight_format import WeightFormat
@@ -28,8 +31,8 @@ class FakeDirectory:
     def __init__(self, *views):
         self.views, self.lookups = list(views), 0
 
-    async def find_servers(self, model_uid, num_blocks):
-        assert (model_uid, num_blocks) == (MODEL, 4)
+    async def find_servers(self, model_uid, num_model_blocks):
+        assert (model_uid, num_model_blocks) == (MODEL, 4)
         self.lookups += 1
         return self.views.pop(0) if len(self.views) > 1 else self.views[0]
 
@@ -53,7 +56,8 @@ def _info(start, end, state="online"):
 
 def _rebalancer(directory):
     metrics = ServerMetrics()
-    return Rebalancer(None, directory, MODEL, 4, "me", metrics, period_s=10.0, delay_s=0.01), metrics
+    node = CurrentNode(SimpleNamespace(p2p=None, directory=directory, peer_id_str="me"))
+    return Rebalancer(node, MODEL, 4, metrics, period_s=10.0, delay_s=0.01), metrics
 
 
 def _me():

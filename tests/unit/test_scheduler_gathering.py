@@ -20,8 +20,8 @@ def _step(cache):
 async def _round(scheduler, caches, stagger_s):
     """One step of every session, each sent `stagger_s` after the previous one."""
     steps = []
-    for cache in caches:
-        steps.append(asyncio.ensure_future(scheduler.step(cache, _step(cache))))
+    for number, cache in enumerate(caches):
+        steps.append(asyncio.ensure_future(scheduler.step(f"session-{number}", cache, _step(cache))))
         if stagger_s:
             await asyncio.sleep(stagger_s)
     return await asyncio.gather(*steps)
@@ -52,9 +52,10 @@ async def test_a_session_that_does_not_come_back_delays_the_others_only_briefly(
     runner = asyncio.create_task(scheduler.run())
     try:
         gone, staying = (span.new_cache(0, 2, 1, 16, torch.float32) for _ in range(2))
-        await asyncio.gather(scheduler.step(gone, _step(gone)), scheduler.step(staying, _step(staying)))
+        await asyncio.gather(scheduler.step("gone", gone, _step(gone)),
+                             scheduler.step("staying", staying, _step(staying)))
         for _ in range(3):  # `gone` never steps again: each wait ends at its deadline
-            await asyncio.wait_for(scheduler.step(staying, _step(staying)), 30)
+            await asyncio.wait_for(scheduler.step("staying", staying, _step(staying)), 30)
         assert staying.length == 4 and gone.length == 1
     finally:
         runner.cancel()

@@ -57,10 +57,10 @@ async def test_registry_limits_sessions_per_peer_and_frees_on_close_and_expiry(s
         await registry.open("peer-a", 100, 0, make_cache, lambda: None, deliver)
     assert info.value.code is ErrorCode.BUSY
     await registry.open("peer-b", 100, 0, make_cache, lambda: None, deliver)  # other peers are not affected
-    assert registry.find(first.token) is first
+    assert registry.find(first.id) is first
     await registry.close(first)
     await registry.close(first)  # idempotent
-    assert registry.find(first.token) is None
+    assert registry.find(first.id) is None
     assert budget.used_bytes == 200
     reaper = asyncio.create_task(registry.expire_idle())
     try:
@@ -90,7 +90,7 @@ async def test_concurrent_steps_run_as_one_batch_with_the_same_results(span, com
         references = [_session(span, batch=1, cached=3 + i) for i in range(8)]
         with torch.inference_mode():
             expected = [span(s.hidden, c.begin_step(s.position, None, 1), c) for c, s in zip(references, steps)]
-        outputs = asyncio.gather(*(scheduler.step(c, s) for c, s in zip(caches, steps)))
+        outputs = asyncio.gather(*(scheduler.step(f"s{i}", c, s) for i, (c, s) in enumerate(zip(caches, steps))))
         await _until(lambda: scheduler.queue_depth == 8)
         runner = asyncio.create_task(scheduler.run())
         outputs = await outputs
@@ -122,7 +122,8 @@ async def test_batches_respect_max_batch_tokens_and_inference_goes_first(span, c
 
         caches = [_session(span, batch=3, cached=0) for _ in range(4)]
         jobs = [tracked("forward", scheduler.forward(torch.randn(1, 4, 32), None, 0, 2))]
-        jobs += [tracked(f"step{i}", scheduler.step(c, Step(0, torch.randn(3, 1, 32)))) for i, c in enumerate(caches)]
+        jobs += [tracked(f"step{i}", scheduler.step(f"s{i}", c, Step(0, torch.randn(3, 1, 32))))
+                 for i, c in enumerate(caches)]
         jobs = asyncio.gather(*jobs)
         await _until(lambda: scheduler.queue_depth == 5)  # all queued before the scheduler looks
         runner = asyncio.create_task(scheduler.run())
@@ -140,12 +141,12 @@ async def test_a_long_prefill_runs_in_chunks_with_the_same_result(span, compute)
     try:
         hidden = torch.randn(2, 13, CONFIG.hidden_size)  # 26 rows: 4 chunks of at most 4 tokens x 2 rows
         prompts = torch.randn(span.num_blocks, 2, 6, CONFIG.hidden_size)  # deep prompts over 2 of the chunks
-        chunked = await scheduler.step(_session(span, 2, 0), Step(0, hidden, prompts=prompts))
+        chunked = await scheduler.step("s", _session(span, 2, 0), Step(0, hidden, prompts=prompts))
         with torch.inference_mode():
             whole = span(hidden, None, prompts=prompts)
         torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-5)
         with pytest.raises(ProtocolError) as info:
-            await scheduler.step(_session(span, 9, 0), Step(0, torch.randn(9, 1, 32)))  # 9 rows > 8 per pass
+            await scheduler.step("t", _session(span, 9, 0), Step(0, torch.randn(9, 1, 32)))  # 9 rows > 8 per pass
         assert info.value.code is ErrorCode.TOO_LARGE
     finally:
         runner.cancel()
@@ -162,8 +163,8 @@ async def test_a_failing_request_in_a_batch_fails_alone(span, compute):
     try:
         good = _session(span, 1, 2)
         bad = _BrokenCache(span.kv_heads, span.head_dim, 0, 2, 1, 8, torch.float32)
-        results = asyncio.gather(scheduler.step(good, Step(2, torch.randn(1, 1, 32))),
-                                 scheduler.step(bad, Step(0, torch.randn(1, 1, 32))), return_exceptions=True)
+        results = asyncio.gather(scheduler.step("good", good, Step(2, torch.randn(1, 1, 32))),
+                                 scheduler.step("bad", bad, Step(0, torch.randn(1, 1, 32))), return_exceptions=True)
         await _until(lambda: scheduler.queue_depth == 2)  # both in one pass
         runner = asyncio.create_task(scheduler.run())
         ok, error = await results

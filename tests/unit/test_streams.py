@@ -1,6 +1,7 @@
 """p2p/streams.py turns whatever goes wrong on a stream into bloompeer's errors: checked on real
 asyncio streams over loopback TCP (libp2p streams are asyncio streams too), against a peer that
-answers, answers an error, answers garbage, goes silent, or hangs up."""
+answers, answers an error, answers garbage, goes silent, or hangs up; and on the server's end
+(IncomingStream), against a client that ends its stream, hangs up, sends too much or stops reading."""
 
 import asyncio
 import itertools
@@ -9,8 +10,8 @@ import pytest
 import torch
 
 from bloompeer.p2p import (
-    ErrorCode, ErrorFrame, PeerBusyError, PeerMisbehavedError, PeerStream, PeerUnavailableError, StepOutput,
-    request_once, write_frame,
+    ErrorCode, ErrorFrame, IncomingStream, PeerBusyError, PeerMisbehavedError, PeerStream, PeerUnavailableError,
+    ProtocolError, StepOutput, request_once, write_frame,
 )
 from bloompeer.p2p.framing import HEADER_BYTES
 
@@ -150,3 +151,79 @@ async def test_a_silent_peer_is_not_asked_twice():
 
     error, opened = await _request_once(silent, None)
     assert error.code is ErrorCode.TIMEOUT and opened == 1
+
+
+async def _incoming(client):
+    """A loopback stream whose far end runs client(reader, writer), and its near end as a server's
+    handler gets it (an IncomingStream)."""
+    accepted = asyncio.get_running_loop().create_future()
+    server = await asyncio.start_server(lambda reader, writer: accepted.set_result((reader, writer)), "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    peer = asyncio.create_task(client(reader, writer))
+    return server, peer, IncomingStream("client-a", *await accepted)
+
+
+async def test_an_incoming_stream_reads_frames_until_its_peer_ends_it():
+    async def two_frames_then_end(reader, writer):
+        for step_id in (1, 2):
+            await write_frame(writer, {"type": "x", "step_id": step_id})
+        writer.write((100).to_bytes(HEADER_BYTES, "big") + b"a frame cut short")  # then the end: dropped
+        writer.close()
+
+    server, peer, stream = await _incoming(two_frames_then_end)
+    try:
+        frames = [await stream.receive_frame(1 << 20) for _ in range(3)]
+        assert frames == [{"type": "x", "step_id": 1}, {"type": "x", "step_id": 2}, None]
+    finally:
+        stream.close()
+        server.close()
+        await peer
+
+
+async def test_an_incoming_frame_over_the_limit_is_refused_unread():
+    async def too_large(reader, writer):
+        await write_frame(writer, {"data": bytes(1000)})
+        await reader.read()  # until the server ends the stream
+
+    server, peer, stream = await _incoming(too_large)
+    try:
+        with pytest.raises(ProtocolError) as raised:
+            await stream.receive_frame(100)
+        assert raised.value.code is ErrorCode.TOO_LARGE
+    finally:
+        stream.close()
+        server.close()
+        await peer
+
+
+async def test_answering_a_client_that_hung_up_is_a_lost_stream():
+    async def hang_up(reader, writer):
+        writer.close()
+
+    server, peer, stream = await _incoming(hang_up)
+    await peer
+    try:
+        with pytest.raises(PeerUnavailableError, match="stream lost") as raised:
+            for _ in range(50):  # the first writes may still land in socket buffers
+                await stream.send(StepOutput(torch.zeros(1, 256, 64)))
+                await asyncio.sleep(0.01)
+        assert raised.value.peer == "client-a"
+    finally:
+        stream.close()
+        server.close()
+
+
+async def test_an_answer_the_client_does_not_take_in_time_ends_the_stream():
+    async def stops_reading(reader, writer):
+        await asyncio.sleep(30)
+
+    server, peer, stream = await _incoming(stops_reading)
+    try:
+        with pytest.raises(PeerUnavailableError) as raised:
+            for _ in range(1000):  # until the socket buffers are full and a frame waits
+                await stream.send(StepOutput(torch.zeros(1, 256, 256)), timeout_s=0.2)
+        assert raised.value.code is ErrorCode.TIMEOUT and stream.writer.is_closing()
+    finally:
+        stream.close()
+        server.close()
+        peer.cancel()

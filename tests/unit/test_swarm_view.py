@@ -20,7 +20,7 @@ class ScriptedDirectory:
     def __init__(self, reads: list[dict[int, list[FoundRecord]]]):
         self.reads = reads
 
-    async def find_records(self, model_uid: str, num_blocks: int) -> dict[int, list[FoundRecord]]:
+    async def find_records(self, model_uid: str, num_model_blocks: int) -> dict[int, list[FoundRecord]]:
         return self.reads.pop(0)
 
 
@@ -75,7 +75,7 @@ class CountedDirectory:
     def __init__(self, callers: int):
         self.reads, self.callers, self.asked = 0, callers, 0
 
-    async def find_records(self, model_uid: str, num_blocks: int) -> dict[int, list[FoundRecord]]:
+    async def find_records(self, model_uid: str, num_model_blocks: int) -> dict[int, list[FoundRecord]]:
         self.reads += 1
         for _ in range(1000):
             if self.asked >= self.callers:

@@ -21,7 +21,7 @@ __all__ = ["fetch_swarm_state", "fetch_unserved_blocks"]
 
 async def _lookup(swarm_client) -> tuple[dict, dict[str, float]]:
     view = swarm_client.swarm
-    servers = await swarm_client.node.directory.find_servers(view.model_uid, view.num_blocks)
+    servers = await swarm_client.node.directory.find_servers(view.model_uid, view.num_model_blocks)
     return servers, dict(view.rtts_s)
 
 
@@ -30,7 +30,7 @@ async def fetch_swarm_state(model) -> dict[str, Any]:
     swarm_client = model.client
     servers, rtts_s = await run_in_threadpool(swarm_client.runtime.run, _lookup(swarm_client))
     view = swarm_client.swarm
-    state = status_data(view.model_uid, view.num_blocks, servers)
+    state = status_data(view.model_uid, view.num_model_blocks, servers)
     peers = {record.peer_id for records in servers.values() for record in records}
     state["latency_s"] = {peer: rtts_s[peer] if math.isfinite(rtts_s.get(peer, math.inf)) else None
                           for peer in sorted(peers)}

@@ -18,7 +18,7 @@ from .arguments import (
     positive_float, positive_int, quant_kinds,
 )
 from .default_model import DEMO_MODEL_DIR
-from .local_config import local_num_blocks
+from .local_config import local_num_model_blocks
 
 __all__ = [
     "INITIAL_PEERS_ENV", "add_client_flags", "add_model_flag", "add_network_flags", "add_server_flags",
@@ -152,7 +152,7 @@ def server_config(args: argparse.Namespace):
 
     start, end = args.blocks or (None, None)
     return ServerConfig(
-        model=args.model, start=start, end=end, num_blocks=args.num_blocks,
+        model=args.model, start=start, end=end, num_blocks_to_serve=args.num_blocks,
         network=network_config(args, relay_for_others=not args.no_relay),
         device=args.device, dtype=args.dtype, quant=args.quant, quant_group_size=args.quant_group_size,
         cache_tokens=args.cache_tokens, session_timeout_s=args.session_timeout,
@@ -242,11 +242,11 @@ def _check_blocks_within_model(parser: argparse.ArgumentParser, args: argparse.N
     """--blocks A:B and --num-blocks K against a local checkpoint's number of blocks (a hub model is
     checked once its config is read)."""
     blocks, count = getattr(args, "blocks", None), getattr(args, "num_blocks", None)
-    num_blocks = local_num_blocks(args.model) if blocks or count else None
-    if num_blocks is None:
+    num_model_blocks = local_num_model_blocks(args.model) if blocks or count else None
+    if num_model_blocks is None:
         return
-    if blocks is not None and blocks[1] > num_blocks:
-        parser.error(f"--blocks {blocks[0]}:{blocks[1]} is not within the model's {num_blocks} blocks "
-                     f"(0:{num_blocks}): {args.model}")
-    if count is not None and count > num_blocks:
-        parser.error(f"--num-blocks {count} is more than the model's {num_blocks} blocks: {args.model}")
+    if blocks is not None and blocks[1] > num_model_blocks:
+        parser.error(f"--blocks {blocks[0]}:{blocks[1]} is not within the model's {num_model_blocks} blocks "
+                     f"(0:{num_model_blocks}): {args.model}")
+    if count is not None and count > num_model_blocks:
+        parser.error(f"--num-blocks {count} is more than the model's {num_model_blocks} blocks: {args.model}")

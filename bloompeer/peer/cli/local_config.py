@@ -7,15 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["local_num_blocks"]
+__all__ = ["local_num_model_blocks"]
 
 
-def local_num_blocks(model: str | Path) -> int | None:
+def local_num_model_blocks(model: str | Path) -> int | None:
     """The number of blocks in `model`'s config.json, or None if it is not a local directory
     with one (a hub name), or the file does not say."""
     config_file = Path(model).expanduser() / "config.json"
     if not config_file.is_file():
         return None
     config = json.loads(config_file.read_text())
-    num_blocks = config.get("n_layer", config.get("num_hidden_layers"))
-    return num_blocks if isinstance(num_blocks, int) else None
+    num_model_blocks = config.get("n_layer", config.get("num_hidden_layers"))
+    return num_model_blocks if isinstance(num_model_blocks, int) else None

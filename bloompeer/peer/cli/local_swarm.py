@@ -30,11 +30,11 @@ from typing import IO, Any
 from ...errors import BloompeerError
 from .forked_cli import ForkedCli
 from .import_gc import imports_without_gc
-from .local_config import local_num_blocks
+from .local_config import local_num_model_blocks
 
 __all__ = [
     "EXIT_WITH_PARENT_ENV", "Launch", "LocalSwarm", "LocalSwarmConfig", "ONE_COMMAND_SWARM", "ProcessFailed",
-    "PeerProcess", "import_what_servers_run", "model_num_blocks", "split_blocks", "start_local_swarm",
+    "PeerProcess", "import_what_servers_run", "num_model_blocks_of", "split_blocks", "start_local_swarm",
     "stop_in_parallel",
 ]
 
@@ -77,16 +77,16 @@ ONE_COMMAND_SWARM = LocalSwarmConfig(fork=sys.platform == "linux", relay=False, 
                                      quick_throughput=True)
 
 
-def split_blocks(num_blocks: int, num_servers: int) -> list[tuple[int, int]]:
+def split_blocks(num_model_blocks: int, num_servers: int) -> list[tuple[int, int]]:
     """Contiguous, nearly equal ranges: split_blocks(5, 2) == [(0, 3), (3, 5)]."""
-    bounds = [round(i * num_blocks / num_servers) for i in range(num_servers + 1)]
+    bounds = [round(i * num_model_blocks / num_servers) for i in range(num_servers + 1)]
     return [(start, end) for start, end in zip(bounds, bounds[1:]) if start < end]
 
 
-def model_num_blocks(model: str | Path) -> int:
+def num_model_blocks_of(model: str | Path) -> int:
     """How many blocks a model has: from a local config.json (without importing torch), else its checkpoint."""
-    if (num_blocks := local_num_blocks(model)) is not None:
-        return num_blocks
+    if (num_model_blocks := local_num_model_blocks(model)) is not None:
+        return num_model_blocks
     from ...blocks import open_checkpoint
 
     return open_checkpoint(str(model)).config().num_hidden_layers
@@ -324,7 +324,7 @@ def start_local_swarm(model_path: str, stack: contextlib.ExitStack, log_dir: str
     """For a client command given no peers: a one-command local swarm of the model (ONE_COMMAND_SWARM),
     stopped when `stack` closes. Its bootstrap peer is up on return; its servers too, unless
     `wait_online` is False (then call its wait_online() once the client is ready)."""
-    spans = split_blocks(model_num_blocks(model_path), num_servers)
+    spans = split_blocks(num_model_blocks_of(model_path), num_servers)
     logger.info("No --initial-peers given: starting a local swarm (a bootstrap peer and servers for blocks %s)",
                 ", ".join(f"{start}:{end}" for start, end in spans))
     swarm = LocalSwarm(model_path, spans, log_dir=log_dir, config=ONE_COMMAND_SWARM)

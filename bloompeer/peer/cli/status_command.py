@@ -31,12 +31,12 @@ def _short(peer_id: str) -> str:
     return "…" + peer_id[-8:]
 
 
-def format_status(model_uid: str, num_blocks: int, servers: dict[int, list[ServerRecord]]) -> str:
+def format_status(model_uid: str, num_model_blocks: int, servers: dict[int, list[ServerRecord]]) -> str:
     """A table: one row per block, its servers; then one row per server."""
     families = sorted({r.family for records in servers.values() for r in records})
     family = f" ({', '.join(families)} family)" if families else ""
-    lines, missing = [f"{model_uid}{family}: {num_blocks} blocks"], missing_blocks(num_blocks, servers)
-    for index in range(num_blocks):
+    lines, missing = [f"{model_uid}{family}: {num_model_blocks} blocks"], missing_blocks(num_model_blocks, servers)
+    for index in range(num_model_blocks):
         records = sorted(servers.get(index, []), key=lambda r: r.peer_id)
         cells = ", ".join(f"{_short(r.peer_id)} {r.state.value}" for r in records)
         if index in missing:
@@ -63,17 +63,17 @@ def run(args: argparse.Namespace) -> int:
 
     async def fetch():
         checkpoint = open_checkpoint(args.model)
-        num_blocks = checkpoint.config().num_hidden_layers
+        num_model_blocks = checkpoint.config().num_hidden_layers
         node = await PeerNode.create(network_config(args, client_mode=True))
         try:
-            return checkpoint.model_uid, num_blocks, await node.directory.find_servers(checkpoint.model_uid,
-                                                                                       num_blocks)
+            servers = await node.directory.find_servers(checkpoint.model_uid, num_model_blocks)
+            return checkpoint.model_uid, num_model_blocks, servers
         finally:
             await node.shutdown()
 
-    model_uid, num_blocks, servers = uvloop.run(fetch())
+    model_uid, num_model_blocks, servers = uvloop.run(fetch())
     if args.json:
-        print(json.dumps(status_data(model_uid, num_blocks, servers), indent=1))
+        print(json.dumps(status_data(model_uid, num_model_blocks, servers), indent=1))
     else:
-        print(format_status(model_uid, num_blocks, servers))
+        print(format_status(model_uid, num_model_blocks, servers))
     return 0

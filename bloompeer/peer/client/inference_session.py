@@ -156,7 +156,7 @@ class InferenceSession:
         if self.batch is not None:
             raise RuntimeError("this inference session is already open")
         self.batch = batch
-        self._spans = await self._build(0, self.swarm.num_blocks, [], self.config.missing_blocks_timeout_s)
+        self._spans = await self._build(0, self.swarm.num_model_blocks, [], self.config.missing_blocks_timeout_s)
 
     async def _push_along(self, step: _SpanInput) -> list:
         """Send the step to the first span, to be pushed through the rest: every span's answer (an

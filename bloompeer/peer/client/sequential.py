@@ -52,10 +52,10 @@ class SwarmSequential:
                       end: int | None = None, failed: RemoteError | None = None) -> tuple[torch.Tensor, list[_Piece]]:
         """hidden entering block `start` -> hidden leaving block `end` - 1, and the pieces it went through.
 
-        prompts: [num_blocks of the model, batch, prompt_length, hidden] deep prompts, or None.
+        prompts: [num_model_blocks, batch, prompt_length, hidden] deep prompts, or None.
         failed: the failure of the server that had these blocks before (a backward's recovery).
         """
-        end = self.swarm.num_blocks if end is None else end
+        end = self.swarm.num_model_blocks if end is None else end
         pieces: list[_Piece] = []
         refusals: Refusals = {}
         while start < end:

@@ -38,11 +38,11 @@ class SwarmView:
     step, and the round trips measured and the bans earned by one request route all the others.
     """
 
-    def __init__(self, p2p: P2P, directory: BlockDirectory, model_uid: str, num_blocks: int,
+    def __init__(self, p2p: P2P, directory: BlockDirectory, model_uid: str, num_model_blocks: int,
                  allowed: ServerFilter, refresh_period_s: float = 10.0, ping_timeout_s: float = 2.0):
         """allowed: the only servers ever used (routes, replays, checks)."""
-        self.p2p, self.directory, self.model_uid, self.num_blocks, self.allowed = (
-            p2p, directory, model_uid, num_blocks, allowed)
+        self.p2p, self.directory, self.model_uid, self.num_model_blocks, self.allowed = (
+            p2p, directory, model_uid, num_model_blocks, allowed)
         self.refresh_period_s, self.ping_timeout_s = refresh_period_s, ping_timeout_s
         self.announced: dict[int, list[ServerRecord]] = {}  # every record known, usable or not
         self._known: dict[tuple[int, str], FoundRecord] = {}  # (block, peer id) -> its latest record, until it expires
@@ -64,7 +64,7 @@ class SwarmView:
         await asyncio.shield(self._refreshing)
 
     async def _refresh_now(self) -> None:
-        self._remember(await self.directory.find_records(self.model_uid, self.num_blocks))
+        self._remember(await self.directory.find_records(self.model_uid, self.num_model_blocks))
         self.servers = usable_servers(self.announced, self.allowed)
         self._updated_at = time.monotonic()
         await self._ping_stale()
@@ -89,7 +89,7 @@ class SwarmView:
     async def unserved_blocks(self) -> list[int]:
         """Blocks that no server this client may use serves now, as its last read of the DHT and its bans
         say: what a request would wait for. No lookup; a coroutine so that it reads on the client's loop."""
-        return missing_blocks(self.servers, 0, self.num_blocks, self.bans.banned())
+        return missing_blocks(self.servers, 0, self.num_model_blocks, self.bans.banned())
 
     async def _ping_stale(self) -> None:
         """Ping servers not pinged lately, and again every time those that did not answer."""
@@ -125,7 +125,7 @@ class SwarmView:
         usable server, up to `timeout_s`; at once RequestTooLargeError if the request is over the
         limits of every server of some block, as their records announce them or as they answered.
         `refusals`: peers not to use for this request only (they refused it), with why."""
-        end = self.num_blocks if end is None else end
+        end = self.num_model_blocks if end is None else end
         started = time.monotonic()
         announced_missing = None
         if time.monotonic() - self._updated_at > self.refresh_period_s:

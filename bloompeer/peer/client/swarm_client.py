@@ -102,7 +102,7 @@ class SwarmClient:
     def forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None,
                 prompts: torch.Tensor | None = None) -> torch.Tensor:
         """A full forward through every block, with no cache kept on the servers, differentiable with
-        respect to `hidden` and the deep `prompts` ([num_blocks, batch, prompt_length, hidden])."""
+        respect to `hidden` and the deep `prompts` ([num_model_blocks, batch, prompt_length, hidden])."""
         return ThroughSwarm.apply(hidden, prompts, (self.sequential, self.runtime.run), padding_mask)
 
     def shutdown(self) -> None:

@@ -1,31 +1,38 @@
 """The blocks a server holds, and the checked requests it runs on them for its peers.
 
 Stream handlers decode frames; this module checks that a request fits the model, the limits
-and the session (shapes, ranges, positions), then hands it to the scheduler.
+and the session (shapes, ranges, positions), then hands it to the scheduler. A request that
+fails is answered with `error_frame`: its code, or `internal` for a bug.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 import torch
 
 from ...blocks import BlockSpan, SessionCache
-from ...p2p import BackwardRequest, ErrorCode, ForwardRequest, Message, OpenSession, ProtocolError, Step
+from ...p2p import BackwardRequest, ErrorCode, ErrorFrame, ForwardRequest, Message, OpenSession, ProtocolError, Step
 from .config import ServerConfig
 from .metrics import ServerMetrics
 from .scheduler import Scheduler
 from .sessions import Session, SessionRegistry
 
-__all__ = ["SpanBackend"]
+__all__ = ["SpanBackend", "error_frame"]
+
+logger = logging.getLogger(__name__)
 
 
 class SpanBackend:
-    def __init__(self, span: BlockSpan, model_uid: str, config: ServerConfig, registry: SessionRegistry,
+    """Checks requests for the span served and runs them. `server_config` is the server's settings
+    (limits, device, dtype); `span.config` is the model's (transformers') config."""
+
+    def __init__(self, span: BlockSpan, model_uid: str, server_config: ServerConfig, registry: SessionRegistry,
                  scheduler: Scheduler, accepting: Callable[[], bool], metrics: ServerMetrics):
-        self.span, self.model_uid, self.config = span, model_uid, config
+        self.span, self.model_uid, self.server_config = span, model_uid, server_config
         self.registry, self.scheduler, self.accepting, self.metrics = registry, scheduler, accepting, metrics
-        self.dtype = config.torch_dtype
+        self.dtype = server_config.torch_dtype
         self.hidden_size = span.config.hidden_size
 
     def _check_serving(self, model: str, start: int, end: int) -> None:
@@ -48,15 +55,15 @@ class SpanBackend:
     async def open_session(self, peer_id_str: str, request: OpenSession, on_expire: Callable[[], None],
                            deliver: Callable[[Message], Awaitable[None]]) -> Session:
         self._check_serving(request.model, request.start, request.end)
-        self._check_limit("batch", request.batch, self.config.max_batch, "--max-batch")
-        self._check_limit("max_length", request.max_length, self.config.max_length, "--max-length")
+        self._check_limit("batch", request.batch, self.server_config.max_batch, "--max-batch")
+        self._check_limit("max_length", request.max_length, self.server_config.max_length, "--max-length")
         nbytes = self.span.cache_nbytes(request.end - request.start, request.batch, request.max_length, self.dtype)
 
         def make_cache() -> SessionCache:
             return self.span.new_cache(request.start, request.end, request.batch, request.max_length, self.dtype,
-                                       self.config.device)
+                                       self.server_config.device)
 
-        timeout_s = min(request.alloc_timeout_s, self.config.max_alloc_timeout_s)
+        timeout_s = min(request.alloc_timeout_s, self.server_config.max_alloc_timeout_s)
         return await self.registry.open(peer_id_str, nbytes, timeout_s, make_cache, on_expire, deliver)
 
     def _check_hidden(self, hidden: torch.Tensor, mask: torch.Tensor | None, batch: int | None = None) -> None:
@@ -67,8 +74,8 @@ class SpanBackend:
             raise ProtocolError(f"the session was opened for batch {batch}, got {hidden.shape[0]} rows")
         if mask is not None and mask.shape != hidden.shape[:2]:
             raise ProtocolError(f"padding_mask must be {list(hidden.shape[:2])}, got {list(mask.shape)}")
-        self._check_limit("rows (batch x tokens) per request", hidden.shape[:2].numel(), self.config.max_step_tokens,
-                          "--max-step-tokens")
+        self._check_limit("rows (batch x tokens) per request", hidden.shape[:2].numel(),
+                          self.server_config.max_step_tokens, "--max-step-tokens")
 
     async def step(self, session: Session, step: Step) -> torch.Tensor:
         async with session.stepping:
@@ -79,7 +86,7 @@ class SpanBackend:
             raise ProtocolError("this server is shutting down; move the session elsewhere", ErrorCode.NOT_SERVING)
         cache = session.cache
         if cache is None:
-            raise ProtocolError(f"the session was closed after {self.config.session_timeout_s:.0f} s idle",
+            raise ProtocolError(f"the session was closed after {self.server_config.session_timeout_s:.0f} s idle",
                                 ErrorCode.TIMEOUT)
         self._check_hidden(step.hidden, step.padding_mask, cache.batch)
         num_new = step.hidden.shape[1]
@@ -95,15 +102,15 @@ class SpanBackend:
                 ((hypo_ids >= 0) & (hypo_ids < cache.batch)).all())):
             raise ProtocolError(f"hypo_ids must be [{cache.batch}] indices into the batch")
         try:
-            return await self.scheduler.step(cache, step)
+            return await self.scheduler.step(session.id, cache, step)
         finally:
             session.touch()
 
     def _check_whole_sequences(self, request: ForwardRequest | BackwardRequest) -> None:
         self._check_serving(request.model, request.start, request.end)
         self._check_hidden(request.hidden, request.padding_mask)
-        self._check_limit("batch", request.hidden.shape[0], self.config.max_batch, "--max-batch")
-        self._check_limit("length", request.hidden.shape[1], self.config.max_length, "--max-length")
+        self._check_limit("batch", request.hidden.shape[0], self.server_config.max_batch, "--max-batch")
+        self._check_limit("length", request.hidden.shape[1], self.server_config.max_length, "--max-length")
         self._check_prompts(request.prompts, request.end - request.start, request.hidden)
 
     def _check_prompts(self, prompts: torch.Tensor | None, num_blocks: int, hidden: torch.Tensor) -> None:
@@ -132,6 +139,15 @@ def _check_push(session: Session, step: Step) -> None:
     """The hops a step is pushed on to must be distinct sessions, none of them this one: a chain that
     names a session twice would make one frame cost a pass per naming (a loop through this server, or
     between two), where a real chain costs one pass per session its client opened."""
-    sessions = {session.token, *(hop.session_id for hop in step.push)}
+    sessions = {session.id, *(hop.session_id for hop in step.push)}
     if len(sessions) != len(step.push) + 1:
         raise ProtocolError("push: every hop must be another session, named once")
+
+
+def error_frame(exc: Exception, peer: str) -> ErrorFrame:
+    """What a failed request is answered with: its code, or `internal` (logged) for a bug."""
+    if isinstance(exc, ProtocolError):
+        logger.debug("Refused a request from %s: %s", peer, exc)
+        return ErrorFrame(exc.code, str(exc))
+    logger.error("Request from %s failed", peer, exc_info=exc)
+    return ErrorFrame(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")

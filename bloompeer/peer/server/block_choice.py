@@ -56,30 +56,31 @@ class Move:
     reason: str
 
 
-def strengths(spans: Iterable[ServedSpan], num_blocks: int) -> list[float]:
+def strengths(spans: Iterable[ServedSpan], num_model_blocks: int) -> list[float]:
     """Summed throughput of the spans holding each block (math.fsum: the same whatever the order)."""
-    per_block: list[list[float]] = [[] for _ in range(num_blocks)]
+    per_block: list[list[float]] = [[] for _ in range(num_model_blocks)]
     for span in spans:
-        for index in range(max(0, span.start), min(num_blocks, span.end)):
+        for index in range(max(0, span.start), min(num_model_blocks, span.end)):
             per_block[index].append(span.throughput)
     return [math.fsum(values) for values in per_block]
 
 
-def choose_blocks(others: Sequence[ServedSpan], num_blocks: int, count: int, throughput: float) -> tuple[int, int]:
+def choose_blocks(others: Sequence[ServedSpan], num_model_blocks: int, count: int,
+                  throughput: float) -> tuple[int, int]:
     """The window of `count` blocks where a new server of `throughput` leaves the swarm best; on ties,
     the window whose blocks have the least throughput now, then the first."""
-    if not 0 < count <= num_blocks:
-        raise ValueError(f"--num-blocks must be between 1 and the model's {num_blocks} blocks, not {count}")
-    return _best_window(strengths(others, num_blocks), count, throughput, current=None)
+    if not 0 < count <= num_model_blocks:
+        raise ValueError(f"--num-blocks must be between 1 and the model's {num_model_blocks} blocks, not {count}")
+    return _best_window(strengths(others, num_model_blocks), count, throughput, current=None)
 
 
-def plan_move(others: Sequence[ServedSpan], me: ServedSpan, num_blocks: int,
+def plan_move(others: Sequence[ServedSpan], me: ServedSpan, num_model_blocks: int,
               margin: float = MOVE_MARGIN) -> Move | None:
     """Where `me` should move, or None to stay: to the best window for it (as choose_blocks would
     pick, staying put on ties), if the swarm with it there beats the swarm with it here by `margin`
     at the first sorted strength where the two differ."""
     others = [span for span in others if span.peer_id != me.peer_id]
-    base = strengths(others, num_blocks)
+    base = strengths(others, num_model_blocks)
     count = me.end - me.start
     start, end = _best_window(base, count, me.throughput, current=me.start)
     if start == me.start:

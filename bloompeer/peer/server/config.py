@@ -13,9 +13,10 @@ __all__ = ["ServerConfig"]
 @dataclass(frozen=True)
 class ServerConfig:
     model: str  # local checkpoint directory or hub name
-    start: int | None  # first block served (None: choose num_blocks where the swarm is weakest)
+    start: int | None  # first block served (None: choose num_blocks_to_serve where the swarm is weakest)
     end: int | None  # one past the last block served
-    num_blocks: int | None = None  # how many blocks to choose when start and end are None (0: as many as memory fits)
+    # --num-blocks: how many blocks to choose when start and end are None (0: as many as memory fits)
+    num_blocks_to_serve: int | None = None
     network: NetworkConfig = field(default_factory=NetworkConfig)
     device: str = "cpu"
     dtype: str = "float32"  # compute and cache dtype: float32, bfloat16 or float16

@@ -1,29 +1,35 @@
-"""Stream handlers: the server side of bloompeer's RPCs, one loop per stream.
+"""Stream handlers: the server side of bloompeer's RPCs, one loop per stream. What becomes of a
+step's output (pushed on, answered) is push.py's.
 
 A known error becomes an error frame with its code; anything unexpected is logged with its
 traceback and answered as `internal`; the stream (and every other stream) keeps going. Only a
 frame whose body could not be read (too large) ends the stream, as the framing is then lost.
+The streams are p2p's `IncomingStream`s: their end and their loss arrive as bloompeer's (None,
+PeerUnavailableError), never as asyncio's or the daemon's errors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...p2p import (
-    BackwardRequest, CloseSession, ErrorCode, ErrorFrame, ForwardRequest, Gradients, Message, OpenSession,
-    ProtocolError, PushStep, PushTarget, ServerInfo, SessionReady, Step, StepOutput, decode_message, read_frame,
-    write_frame,
+    BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, PUSH_PROTOCOL, BackwardRequest, CloseSession, ErrorCode,
+    ErrorFrame, ForwardRequest, Gradients, IncomingStream, Message, OpenSession, PeerUnavailableError, ProtocolError,
+    PushStep, ServerInfo, SessionReady, Step, StepOutput, decode_message,
 )
-from .backend import SpanBackend
+from .backend import SpanBackend, error_frame
+from .current_node import CurrentNode
 from .metrics import OK, ServerMetrics
-from .push import PushSender
+from .push import PushSender, pushed_session, run_step
 from .sessions import Session
 
-__all__ = ["handle_inference_stream", "handle_forward_stream", "handle_info_stream", "handle_push_stream"]
+__all__ = [
+    "handle_inference_stream", "handle_forward_stream", "handle_info_stream", "handle_push_stream", "serve_requests",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -39,42 +45,33 @@ DELIVER_TIMEOUT_S = 60.0
 FrameHandler = Callable[[dict[str, Any]], Awaitable[Message | None | object]]
 
 
-def _error_frame(exc: Exception, peer: str) -> ErrorFrame:
-    """What a failed request is answered with: its code, or `internal` (logged) for a bug."""
-    if isinstance(exc, ProtocolError):
-        logger.debug("Refused a request from %s: %s", peer, exc)
-        return ErrorFrame(exc.code, str(exc))
-    logger.error("Request from %s failed", peer, exc_info=exc)
-    return ErrorFrame(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-
-
 def _frame_kind(frame: dict[str, Any]) -> str:
     """The kind of request a frame is, for the metrics (its type; unknown types become "invalid")."""
     kind = frame.get("type")
     return kind if isinstance(kind, str) else "invalid"
 
 
-async def _serve_frames(reader: asyncio.StreamReader, send: Callable[[Message], Awaitable[None]],
-                        handle: FrameHandler, max_frame_bytes: int, peer: str, metrics: ServerMetrics) -> None:
+async def _serve_frames(stream: IncomingStream, send: Callable[[Message], Awaitable[None]],
+                        handle: FrameHandler, max_frame_bytes: int, metrics: ServerMetrics) -> None:
     """Answer frames until end of stream or until `handle` returns CLOSE (None: answered, and
     counted, already)."""
     while True:
         try:
-            frame = await read_frame(reader, max_frame_bytes)
-        except asyncio.IncompleteReadError:
-            return
+            frame = await stream.receive_frame(max_frame_bytes)
         except ProtocolError as exc:
             metrics.count_request("invalid", exc.code)
             await send(ErrorFrame(exc.code, str(exc)))
             if exc.code is ErrorCode.TOO_LARGE:
                 return  # the unread body is still in the stream
             continue
+        if frame is None:
+            return
         try:
             reply = await handle(frame)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            reply = _error_frame(exc, peer)
+            reply = error_frame(exc, stream.peer)
         if reply is not None:
             metrics.count_request(_frame_kind(frame), reply.code if isinstance(reply, ErrorFrame) else OK)
         if reply is CLOSE:
@@ -83,89 +80,40 @@ async def _serve_frames(reader: asyncio.StreamReader, send: Callable[[Message], 
             await send(reply)
 
 
-async def _run_stream(name: str, peer: str, writer: asyncio.StreamWriter, loop: Awaitable[None]) -> None:
+async def _run_stream(name: str, stream: IncomingStream, loop: Awaitable[None]) -> None:
     try:
         await loop
-    except (ConnectionError, asyncio.IncompleteReadError) as exc:
-        logger.debug("%s stream from %s lost: %s", name, peer, exc)
+    except PeerUnavailableError as exc:
+        logger.debug("%s stream from %s lost: %s", name, stream.peer, exc)
     finally:
-        writer.close()
-
-
-async def run_step(backend: SpanBackend, pusher: PushSender, session: Session, step: Step,
-                   pushed: bool = False) -> None:
-    """Compute a step of `session`, push the output on to the next hop (if the client asked), and
-    answer the session's client. Used for steps from the client and for steps pushed to us."""
-    kind, received = "push" if pushed else "step", time.perf_counter()
-    try:
-        output = await backend.step(session, step)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        error = _error_frame(exc, session.peer_id_str)
-        backend.metrics.count_request(kind, error.code)
-        await session.deliver(error)
-        return
-    backend.metrics.step_latency.observe(time.perf_counter() - received)
-    backend.metrics.count_request(kind)
-    deliveries = []
-    if step.push:  # first: the rest of the chain waits for it, while the client only keeps its copy
-        hop, rest = step.push[0], step.push[1:]
-        pushed = PushStep(hop.session_id, Step(step.position, output, step.padding_mask, step.hypo_ids, step.step_id,
-                                               rest))
-        deliveries.append(_pass_on(backend, pusher, hop, pushed))
-    deliveries.append(session.deliver(StepOutput(output, step.step_id)))
-    await asyncio.gather(*deliveries)
-
-
-async def _pass_on(backend: SpanBackend, pusher: PushSender, hop: PushTarget, pushed: PushStep) -> None:
-    """Push a step to the next hop. A hop on this very server (a client's route can hold two
-    neighbouring spans here: after the server between them failed, the blocks it had are routed to
-    us again) is run here: libp2p refuses a dial to oneself, and the client would wait for an
-    answer that never comes, ban us, route the blocks to us again, and so on until it gives up."""
-    if hop.peer_id_str != pusher.own_peer_id:
-        await pusher.push(hop, pushed)
-        return
-    session = _pushed_session(backend, pushed, hop.peer_id_str)
-    if session is not None:
-        await run_step(backend, pusher, session, pushed.step, pushed=True)
-
-
-def _pushed_session(backend: SpanBackend, pushed: PushStep, sender: str) -> Session | None:
-    """The session a pushed step is for, or None (counted, and the step dropped: the client
-    recovers as from a failed server) if it is not open here."""
-    session = backend.registry.find(pushed.session_id)
-    if session is None:
-        logger.debug("%s pushed a step to an unknown session", sender)
-        backend.metrics.count_request("push", ErrorCode.NOT_SERVING)
-    return session
+        stream.close()
 
 
 class _InferenceStream:
-    """One client's inference stream: at most one session, answers written one frame at a time."""
+    """One client's inference stream: at most one session, whose answers (to its own steps and to
+    steps pushed to it) are written on this stream."""
 
-    def __init__(self, backend: SpanBackend, pusher: PushSender, peer_id_str: str, writer: asyncio.StreamWriter):
-        self.backend, self.pusher, self.peer_id_str, self.writer = backend, pusher, peer_id_str, writer
+    def __init__(self, backend: SpanBackend, pusher: PushSender, stream: IncomingStream):
+        self.backend, self.pusher, self.stream = backend, pusher, stream
         self.session: Session | None = None
-        self._writing = asyncio.Lock()  # pushed steps answer on this stream too
 
     async def send(self, message: Message) -> None:
         try:
-            async with asyncio.timeout(DELIVER_TIMEOUT_S), self._writing:
-                await write_frame(self.writer, message.to_wire())
-        except (ConnectionError, RuntimeError) as exc:  # the client went away; the stream loop ends too
-            logger.debug("Could not answer %s: %r", self.peer_id_str, exc)
-        except TimeoutError:
-            logger.info("Ending a session of %s: it took no answer for %.0f s", self.peer_id_str, DELIVER_TIMEOUT_S)
-            self.writer.close()
+            await self.stream.send(message, DELIVER_TIMEOUT_S)
+        except PeerUnavailableError as exc:  # the stream loop ends too: its reads end as the stream does
+            if exc.code is ErrorCode.TIMEOUT:  # IncomingStream.send closed it
+                logger.info("Ending a session of %s: it took no answer for %.0f s", self.stream.peer,
+                            DELIVER_TIMEOUT_S)
+            else:  # the client went away
+                logger.debug("Could not answer %s: %s", self.stream.peer, exc)
 
     async def handle(self, frame: dict[str, Any]) -> Message | None | object:
         message = decode_message(frame, OpenSession, Step, CloseSession)
         if isinstance(message, OpenSession):
             if self.session is not None:
                 raise ProtocolError("a session is already open on this stream")
-            self.session = await self.backend.open_session(self.peer_id_str, message, self.writer.close, self.send)
-            return SessionReady(self.session.token)
+            self.session = await self.backend.open_session(self.stream.peer, message, self.stream.close, self.send)
+            return SessionReady(self.session.id)
         if isinstance(message, Step):
             if self.session is None:
                 raise ProtocolError("step before open")
@@ -178,19 +126,17 @@ class _InferenceStream:
             await self.backend.registry.close(self.session)
 
 
-async def handle_inference_stream(backend: SpanBackend, pusher: PushSender, peer_id_str: str, reader,
-                                  writer) -> None:
-    stream = _InferenceStream(backend, pusher, peer_id_str, writer)
+async def handle_inference_stream(backend: SpanBackend, pusher: PushSender, stream: IncomingStream) -> None:
+    inference = _InferenceStream(backend, pusher, stream)
     try:
-        loop = _serve_frames(reader, stream.send, stream.handle, backend.config.max_frame_bytes, peer_id_str,
+        loop = _serve_frames(stream, inference.send, inference.handle, backend.server_config.max_frame_bytes,
                              backend.metrics)
-        await _run_stream("inference", peer_id_str, writer, loop)
+        await _run_stream("inference", stream, loop)
     finally:
-        await stream.close()
+        await inference.close()
 
 
-async def handle_push_stream(serving: Callable[[], SpanBackend], pusher: PushSender, peer_id_str: str, reader,
-                             writer) -> None:
+async def handle_push_stream(serving: Callable[[], SpanBackend], pusher: PushSender, stream: IncomingStream) -> None:
     """Steps pushed by another server. Each runs as its own task, so steps of different sessions
     arriving on one stream are batched together rather than run one after another. The previous
     server keeps its stream to us open for all the sessions it pushes to us, also across a move
@@ -201,7 +147,7 @@ async def handle_push_stream(serving: Callable[[], SpanBackend], pusher: PushSen
     async def handle(frame: dict[str, Any]) -> None:
         backend = serving()
         pushed = decode_message(frame, PushStep)
-        session = _pushed_session(backend, pushed, peer_id_str)
+        session = pushed_session(backend, pushed, stream.peer)
         if session is None:
             return None
         await in_flight.acquire()  # the next frame is read once a step here is done
@@ -211,17 +157,16 @@ async def handle_push_stream(serving: Callable[[], SpanBackend], pusher: PushSen
         return None
 
     async def send_nothing(message: Message) -> None:  # errors in pushed frames go to the log only
-        logger.debug("Bad push from %s: %s", peer_id_str, getattr(message, "message", message))
+        logger.debug("Bad push from %s: %s", stream.peer, getattr(message, "message", message))
 
     try:
-        loop = _serve_frames(reader, send_nothing, handle, serving().config.max_frame_bytes, peer_id_str,
-                             serving().metrics)
-        await _run_stream("push", peer_id_str, writer, loop)
+        loop = _serve_frames(stream, send_nothing, handle, serving().server_config.max_frame_bytes, serving().metrics)
+        await _run_stream("push", stream, loop)
     finally:
         await asyncio.gather(*running, return_exceptions=True)
 
 
-async def handle_forward_stream(backend: SpanBackend, peer_id_str: str, reader, writer) -> None:
+async def handle_forward_stream(backend: SpanBackend, stream: IncomingStream) -> None:
     """Full forwards and backwards of whole sequences (one protocol name each, one handler)."""
 
     async def handle(frame: dict[str, Any]) -> Message:
@@ -231,14 +176,28 @@ async def handle_forward_stream(backend: SpanBackend, peer_id_str: str, reader, 
         grad_hidden, grad_prompts = await backend.backward(request)
         return Gradients(grad_hidden, grad_prompts, codec=request.output_codec)
 
-    async def send(message: Message) -> None:
-        await write_frame(writer, message.to_wire())
-
-    loop = _serve_frames(reader, send, handle, backend.config.max_frame_bytes, peer_id_str, backend.metrics)
-    await _run_stream("forward", peer_id_str, writer, loop)
+    loop = _serve_frames(stream, stream.send, handle, backend.server_config.max_frame_bytes, backend.metrics)
+    await _run_stream("forward", stream, loop)
 
 
-async def handle_info_stream(info: Callable[[], ServerInfo], metrics: ServerMetrics, peer_id_str: str, reader,
-                             writer) -> None:
+async def handle_info_stream(info: Callable[[], ServerInfo], metrics: ServerMetrics, stream: IncomingStream) -> None:
     metrics.count_request("info")
-    await _run_stream("info", peer_id_str, writer, write_frame(writer, info().to_wire()))
+    await _run_stream("info", stream, stream.send(info()))
+
+
+async def serve_requests(node: CurrentNode, serving: Callable[[], SpanBackend], pusher: PushSender) -> None:
+    """Answer inference, push, forward and backward streams on `node` (and on its later daemons). A
+    stream is served by the backend `serving()` gives when it opens, a pushed step by the one it
+    gives when the step comes: after a move of ours, streams opened before it are refused (their
+    clients replay elsewhere), while the servers pushing to us keep their streams."""
+
+    async def inference(stream: IncomingStream) -> None:
+        await handle_inference_stream(serving(), pusher, stream)
+
+    async def forward(stream: IncomingStream) -> None:
+        await handle_forward_stream(serving(), stream)
+
+    await node.serve(INFERENCE_PROTOCOL, inference)
+    await node.serve(PUSH_PROTOCOL, functools.partial(handle_push_stream, serving, pusher))
+    await node.serve(FORWARD_PROTOCOL, forward)
+    await node.serve(BACKWARD_PROTOCOL, forward)

@@ -12,7 +12,8 @@ import asyncio
 import logging
 import time
 
-from ...p2p import MAX_PUSH_RTTS, MAX_RTT_S, P2P, ServerRecord, ServerState, ping
+from ...p2p import MAX_PUSH_RTTS, MAX_RTT_S, ServerRecord, ServerState, ping
+from .current_node import CurrentNode
 
 __all__ = ["PushRtts", "next_hops"]
 
@@ -36,8 +37,8 @@ def next_hops(servers: dict[int, list[ServerRecord]], start: int, end: int, own_
 class PushRtts:
     """Round trips to this server's possible next hops, as it last measured them."""
 
-    def __init__(self, p2p: P2P, own_peer_id: str):
-        self.p2p, self.own_peer_id = p2p, own_peer_id
+    def __init__(self, node: CurrentNode):
+        self.node = node
         self._measured: dict[str, tuple[float, float]] = {}  # peer id -> (seconds, when measured)
 
     def announced(self) -> tuple[tuple[str, float], ...]:
@@ -46,12 +47,12 @@ class PushRtts:
     async def refresh(self, servers: dict[int, list[ServerRecord]], start: int, end: int) -> bool:
         """Ping next hops not measured lately, forget servers that are no longer next hops; True if
         the set of servers with a round trip changed (worth announcing now)."""
-        hops = next_hops(servers, start, end, self.own_peer_id)
+        hops = next_hops(servers, start, end, self.node.peer_id_str)
         before = set(self._measured)
         self._measured = {peer: self._measured[peer] for peer in hops if peer in self._measured}
         now = time.monotonic()
         stale = [peer for peer in hops if peer not in self._measured or now - self._measured[peer][1] > RTT_MAX_AGE_S]
-        rtts = await asyncio.gather(*(ping(self.p2p, peer, PING_TIMEOUT_S) for peer in stale))
+        rtts = await asyncio.gather(*(ping(self.node.p2p, peer, PING_TIMEOUT_S) for peer in stale))
         for peer, rtt_s in zip(stale, rtts):
             self._measured[peer] = (min(rtt_s, MAX_RTT_S), now)  # unreachable: announced as very far
             logger.debug("Round trip to next hop %s: %.1f ms", peer, 1000 * rtt_s)

@@ -19,8 +19,9 @@ import random
 import statistics
 from collections.abc import Awaitable, Callable
 
-from ...p2p import INFO_PROTOCOL, P2P, BlockDirectory, RemoteError, ServerInfo, ServerRecord, request_once
+from ...p2p import INFO_PROTOCOL, P2P, RemoteError, ServerInfo, ServerRecord, request_once
 from .block_choice import Move, ServedSpan, choose_blocks, live_spans, plan_move, strengths
+from .current_node import CurrentNode
 from .metrics import ServerMetrics
 
 __all__ = ["Rebalancer", "probe"]
@@ -43,13 +44,13 @@ async def probe(p2p: P2P, peer_id_str: str, timeout_s: float = PROBE_TIMEOUT_S) 
 
 
 class Rebalancer:
-    """Looks at the swarm of one model for one server: `directory` and `p2p` are the server's,
-    `me()` where it is now, and `move(plan)` moves it (and announces the new span at once)."""
+    """Looks at the swarm of one model for one server: `node` is the server's, `me()` where it is
+    now, and `move(plan)` moves it (and announces the new span at once)."""
 
-    def __init__(self, p2p: P2P, directory: BlockDirectory, model_uid: str, num_blocks: int, own_peer_id: str,
-                 metrics: ServerMetrics, period_s: float, delay_s: float):
-        self.p2p, self.directory, self.model_uid, self.num_blocks = p2p, directory, model_uid, num_blocks
-        self.own_peer_id, self.metrics, self.period_s, self.delay_s = own_peer_id, metrics, period_s, delay_s
+    def __init__(self, node: CurrentNode, model_uid: str, num_model_blocks: int, metrics: ServerMetrics,
+                 period_s: float, delay_s: float):
+        self.node, self.model_uid, self.num_model_blocks = node, model_uid, num_model_blocks
+        self.metrics, self.period_s, self.delay_s = metrics, period_s, delay_s
 
     async def survey(self, read_again: bool = False) -> list[ServedSpan]:
         """Other servers' live spans: the records, checked by asking their servers. read_again: read
@@ -61,7 +62,7 @@ class Rebalancer:
 
         async def ask(peer: str) -> ServerInfo | None:
             async with semaphore:
-                return await probe(self.p2p, peer)
+                return await probe(self.node.p2p, peer)
 
         answers = dict(zip(peers, await asyncio.gather(*(ask(peer) for peer in peers))))
         for answer in answers.values():
@@ -71,17 +72,17 @@ class Rebalancer:
             logger.debug("No answer from %d server(s) with live records: %s", len(silent), ", ".join(silent))
         if read_again:
             servers = await self._records()
-        return live_spans(servers, answers, self.own_peer_id, self.model_uid)
+        return live_spans(servers, answers, self.node.peer_id_str, self.model_uid)
 
     async def _records(self) -> dict[int, list[ServerRecord]]:
-        servers = await self.directory.find_servers(self.model_uid, self.num_blocks)
-        self.metrics.count_dht("lookup", self.num_blocks)
+        servers = await self.node.directory.find_servers(self.model_uid, self.num_model_blocks)
+        self.metrics.count_dht("lookup", self.num_model_blocks)
         return servers
 
     def _to_probe(self, servers: dict[int, list[ServerRecord]]) -> list[str]:
         """Peers with live records, those of the weakest blocks (by their records) first."""
-        spans = live_spans(servers, {}, self.own_peer_id, self.model_uid)
-        strength = strengths(spans, self.num_blocks)
+        spans = live_spans(servers, {}, self.node.peer_id_str, self.model_uid)
+        strength = strengths(spans, self.num_model_blocks)
         weakest: dict[str, float] = {}
         for span in spans:
             held = strength[span.start:span.end] or [0.0]
@@ -93,7 +94,7 @@ class Rebalancer:
         as the swarm's median)."""
         others = await self.survey()
         assumed = throughput or statistics.median([span.throughput for span in others] or [1.0])
-        return choose_blocks(others, self.num_blocks, count, assumed)
+        return choose_blocks(others, self.num_model_blocks, count, assumed)
 
     async def run(self, me: Callable[[], ServedSpan], move: Callable[[Move], Awaitable[None]]) -> None:
         """Look every period and move when the swarm needs it (run as a task). A look that fails is
@@ -111,14 +112,14 @@ class Rebalancer:
     async def check(self, me: Callable[[], ServedSpan]) -> Move | None:
         """A move worth making now, seen twice, a random delay apart; None to stay."""
         self.metrics.count_rebalance_check()
-        plan = plan_move(await self.survey(), me(), self.num_blocks)
+        plan = plan_move(await self.survey(), me(), self.num_model_blocks)
         if plan is None:
             return None
         delay_s = random.uniform(0, self.delay_s)
         logger.info("Blocks %d:%d would serve the swarm better (%s); looking again in %.1f s", plan.start, plan.end,
                     plan.reason, delay_s)
         await asyncio.sleep(delay_s)
-        again = plan_move(await self.survey(read_again=True), me(), self.num_blocks)
+        again = plan_move(await self.survey(read_again=True), me(), self.num_model_blocks)
         if again is None:
             logger.info("Staying: the swarm no longer needs the move (another server may have taken it)")
         return again

@@ -64,7 +64,7 @@ class _Work:
     rollback: Callable[[], None] = field(compare=False, default=lambda: None)
     finish: Callable[[torch.Tensor], torch.Tensor] = field(compare=False, default=lambda output: output)
     future: asyncio.Future = field(compare=False, default=None)
-    session: int | None = field(compare=False, default=None)  # id() of an inference step's cache
+    session: str | None = field(compare=False, default=None)  # an inference step's Session.id
 
 
 def _prompts_within(prompts: torch.Tensor | None, begin: int, end: int) -> torch.Tensor | None:
@@ -96,7 +96,7 @@ class Scheduler:
         self._queue: list[_Work] = []
         self._ready = asyncio.Event()
         self._arrived = asyncio.Event()  # set by every submission: what a gathering wait waits on
-        self._last_pass: dict[tuple, tuple[frozenset[int], float]] = {}  # group -> (its sessions, seconds)
+        self._last_pass: dict[tuple, tuple[frozenset[str], float]] = {}  # group -> (its sessions, seconds)
         self._order = itertools.count()
         self._stopped = False
         self._idle = asyncio.Event()  # set while no pass runs
@@ -109,8 +109,8 @@ class Scheduler:
         """Requests waiting for the compute thread."""
         return len(self._queue)
 
-    async def step(self, cache: SessionCache, step: Step) -> torch.Tensor:
-        """One inference step of a session, in chunks of at most max_batch_tokens rows."""
+    async def step(self, session_id: str, cache: SessionCache, step: Step) -> torch.Tensor:
+        """One inference step of a session (`cache` is its cache), in chunks of at most max_batch_tokens rows."""
         batch, num_new = step.hidden.shape[:2]
         chunk = self.max_batch_tokens // batch
         if chunk < 1:
@@ -122,10 +122,10 @@ class Scheduler:
             part = Step(step.position + begin, step.hidden[:, begin:end],
                         None if step.padding_mask is None else step.padding_mask[:, begin:end],
                         step.hypo_ids if begin == 0 else None, prompts=_prompts_within(step.prompts, begin, end))
-            outputs.append(await self._submit(self._inference_work(cache, part)))
+            outputs.append(await self._submit(self._inference_work(session_id, cache, part)))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
-    def _inference_work(self, cache: SessionCache, step: Step) -> _Work:
+    def _inference_work(self, session_id: str, cache: SessionCache, step: Step) -> _Work:
         length_before = cache.length
         num_new = step.hidden.shape[1]
         reordered = step.hypo_ids is None
@@ -143,7 +143,7 @@ class Scheduler:
 
         return _Work(Priority.INFERENCE, next(self._order), ("inference", cache.start, cache.end),
                      step.hidden.shape[0] * num_new, segment=segment, rollback=rollback,
-                     finish=lambda output: output.to("cpu", step.hidden.dtype), session=id(cache))
+                     finish=lambda output: output.to("cpu", step.hidden.dtype), session=session_id)
 
     def _check_rows(self, hidden: torch.Tensor) -> int:
         rows = hidden.shape[0] * hidden.shape[1]

@@ -1,9 +1,11 @@
-"""A running server: its blocks, its place in the network, its handlers and its DHT announcements.
+"""A running server: the owner of its parts' lifetimes, and of the order they start and stop in.
 
 Lifecycle: joining (network up, weights loading) -> online (serving) -> draining (SIGTERM: no new
-sessions; open ones are told to move) -> offline (announced, then shut down). The state is
-announced on the DHT at each change and re-announced every period, with an expiration a few
-periods ahead, so a server that dies without a word (SIGKILL) disappears on its own.
+sessions; open ones are told to move) -> offline (announced, then shut down). Each part does one
+job: CurrentNode is the network peer now (replaced when a server behind NAT rejoins), Announcer
+keeps the DHT record, SpanService serves the span of now (cache, sessions, scheduler), Rebalancer
+moves the server where the swarm needs it (--num-blocks), RelayKeeper keeps it reachable behind
+NAT, and handlers.py answers the streams.
 """
 
 from __future__ import annotations
@@ -16,39 +18,30 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-import torch
-
 from ..._version import __version__
 from ...blocks import BlockSpan, Checkpoint, open_checkpoint, quantize_block
-from ...p2p import (
-    BACKWARD_PROTOCOL, FORWARD_PROTOCOL, INFERENCE_PROTOCOL, INFO_PROTOCOL, PUSH_PROTOCOL, PeerNode, RelaySlots,
-    ServerInfo, RequestLimits, ServerRecord, ServerState, announceable, get_dht_time, relays_in_records, serve,
-    stop_serving,
-)
-from .backend import SpanBackend
+from ...p2p import INFO_PROTOCOL, PeerNode, RelaySlots, ServerInfo, ServerState, relays_in_records
+from .announcer import Announcer, Standing
 from .block_choice import Move, ServedSpan
 from .compute import ComputeWorker, check_device
 from .config import ServerConfig
-from .handlers import handle_forward_stream, handle_inference_stream, handle_info_stream, handle_push_stream
+from .current_node import CurrentNode
+from .handlers import handle_info_stream, serve_requests
 from .memory_plan import MemoryPlan, plan_memory
 from .metrics import LiveState, MetricsEndpoint, ServerMetrics
 from .push import PushSender
-from .push_rtts import PushRtts
 from .reachability import Joined, behind_relays, join_network
 from .rebalancer import Rebalancer
 from .relay_keeper import RelayKeeper
 from .span_service import SpanService
 from .stored_blocks import StoredBlocks
 from .startup_clock import StartupClock
-from .throughput import MEASURE_STEPS, QUICK_STEPS, cached_throughput, measure_throughput
+from .throughput import server_throughput
 
 __all__ = ["Server"]
 
 logger = logging.getLogger(__name__)
 
-RECORD_LIFETIME_PERIODS = 3
-REANNOUNCE_AFTER_JOINING_S = 5.0  # the one early refresh of the record (_announce_periodically)
-NEXT_HOPS_CHECK_S = 5.0  # how often the DHT is read for new servers to push to (pinged, then announced)
 STOP_STEP_S = 3.0  # the most each step of a shutdown waits (Server.shutdown)
 
 
@@ -57,114 +50,110 @@ class Server:
     as the process runs (and, with --num-blocks, moved to other blocks when the swarm needs them).
 
     It owns everything with the server's lifetime (network peer, compute thread, the span served
-    now, DHT announcer, rebalancer) so that shutdown can release them in one defined order: stop the
+    now, announcer, rebalancer) so that shutdown can release them in one defined order: stop the
     background tasks, say goodbye on the DHT while the daemon still lives, then close the network
     and the compute thread. Handlers get the parts they need, never the Server, so the
     request path has no way to reach into the lifecycle.
     """
 
-    def __init__(self, config: ServerConfig, checkpoint: Checkpoint, node: PeerNode, compute: ComputeWorker,
-                 memory_plan: MemoryPlan):
-        self.config, self.checkpoint, self.node, self.compute = config, checkpoint, node, compute
-        self.model_uid = checkpoint.model_uid
-        self.fingerprint = checkpoint.fingerprint()
+    def __init__(self, config: ServerConfig, checkpoint: Checkpoint, joined: Joined, compute: ComputeWorker,
+                 memory_plan: MemoryPlan, num_model_blocks: int):
+        self.config, self.checkpoint, self.compute = config, checkpoint, compute
+        self.model_uid, self.num_model_blocks = checkpoint.model_uid, num_model_blocks
+        # the node now (a rejoin behind NAT replaces it): every part reads it there, none keeps it
+        self.current = CurrentNode(joined.node, joined.relays, joined.reachable if joined.node.relaying else ())
+        self.reachability = joined.line
         self.start, self.end = config.start, config.end
         self.memory_plan = memory_plan  # made before anything started: how many blocks, in what memory
         self.throughput = config.throughput or 0.0
         self.state = ServerState.JOINING
         self.service: SpanService | None = None  # the span served now (a retired one during a move)
         self.rebalancer: Rebalancer | None = None  # with --num-blocks
-        self.pusher = PushSender(node.p2p, node.peer_id_str)
-        self.push_rtts = PushRtts(node.p2p, node.peer_id_str)
         self.metrics = ServerMetrics()
         self.metrics_endpoint: MetricsEndpoint | None = None  # with --metrics-port
-        self.reachability = "reachability: not checked"
-        self.relays: RelaySlots | None = None  # behind NAT: reached through these relays
-        self.relay_maddrs: tuple[str, ...] = ()  # where peers behind NAT reserve on us (we relay and are reachable)
+        self.announcer = Announcer(self.current, config, checkpoint, self.standing, self.metrics)
+        self.pusher = PushSender(self.current)
         self.on_move: Callable[[str, Move], None] = lambda stage, plan: None  # "moving", then "online"
         self.on_relays: Callable[[str], None] = lambda line: None  # a relay left and others replaced it
         self.failed = asyncio.Event()  # a background task that cannot go on (a move that could not load)
         self._tasks: list[asyncio.Task] = []  # announcer, next hops, rebalancer, relay keeper
-        self._handlers: dict[str, Callable] = {}  # protocol -> handler, served again after a rejoin
         self.startup = StartupClock()
+
+    @property
+    def node(self) -> PeerNode:
+        """The peer node now (behind NAT, the one of the latest rejoin)."""
+        return self.current.node
 
     @classmethod
     async def create(cls, config: ServerConfig) -> Server:
         """Join the network, load the blocks, register the handlers and announce online."""
         check_device(config.device)
         checkpoint = open_checkpoint(config.model)
-        num_blocks = checkpoint.config().num_hidden_layers
-        if config.start is not None and not 0 <= config.start < config.end <= num_blocks:
-            raise ValueError(f"--blocks {config.start}:{config.end} is not a range within {checkpoint.model_uid}'s "
-                             f"{num_blocks} blocks (0:{num_blocks})")
-        if config.start is None and not 0 <= config.num_blocks <= num_blocks:
-            raise ValueError(f"--num-blocks {config.num_blocks} is not between 1 and {checkpoint.model_uid}'s "
-                             f"{num_blocks} blocks")
+        num_model_blocks = _check_blocks(config, checkpoint)
         StoredBlocks(checkpoint, config.weights).check(config.device)
-        wanted = range(config.start, config.end) if config.start is not None else config.num_blocks or None
+        wanted = range(config.start, config.end) if config.start is not None else config.num_blocks_to_serve or None
         plan = plan_memory(config, checkpoint, wanted)  # before the network: a refusal costs nothing
         logger.info("Memory plan: %s", plan)
         joining = time.monotonic()
-        if config.check_reachability:
-            joined = await join_network(config.network, functools.partial(
-                _offered_relays, checkpoint.model_uid, num_blocks))
-        else:
-            joined = Joined(await PeerNode.create(config.network, announcing=True),
-                            "reachability: not checked (--no-reachability-check)")
+        joined = await _join(config, checkpoint.model_uid, num_model_blocks)
         compute = ComputeWorker(config.device)
         compute.make_caller_serial()
-        server = cls(config, checkpoint, joined.node, compute, plan)
-        server.reachability, server.relays = joined.line, joined.relays
-        server.relay_maddrs = joined.reachable if joined.node.relaying else ()
+        server = cls(config, checkpoint, joined, compute, plan, num_model_blocks)
         server.startup.add_network(joining, joined.node.join_seconds, config.check_reachability)
         try:
-            await server._start(num_blocks)
+            await server._start()
         except BaseException:
             await server.shutdown()
             raise
         logger.info("Started in %s", server.startup)
         return server
 
-    async def _start(self, num_blocks: int) -> None:
+    async def _start(self) -> None:
         if self.config.metrics_port is not None:  # first: a port in use fails before minutes of loading
             self.metrics_endpoint = MetricsEndpoint(self.metrics, self.config.metrics_host, self.config.metrics_port)
             logger.info("Metrics for Prometheus at %s", self.metrics_endpoint.url)
         if self.start is None:
-            self.rebalancer = Rebalancer(self.node.p2p, self.node.directory, self.model_uid, num_blocks,
-                                         self.node.peer_id_str, self.metrics, self.config.rebalance_period_s,
-                                         self.config.move_delay_s)
-            await asyncio.sleep(random.uniform(0, self.config.choice_delay_s))
-            self.start, self.end = await self.rebalancer.choose(self.memory_plan.num_blocks, self.config.throughput)
-            logger.info("Chose blocks %d:%d, where the swarm is weakest", self.start, self.end)
+            await self._choose_blocks()
         # from now on other servers looking for gaps ask us what we serve (loading: joining)
-        await self._serve(INFO_PROTOCOL, functools.partial(handle_info_stream, self.info, self.metrics))
+        await self.current.serve(INFO_PROTOCOL, functools.partial(handle_info_stream, self.info, self.metrics))
         span = await self._load_while_joining()
         self.startup.lap("blocks and announcing joining")
         if not self.throughput:
-            self.throughput = await self._measure_throughput(span)
+            self.throughput = await server_throughput(span, self.config, self.checkpoint, self.compute)
         logger.info("Throughput: %.1f tokens/s per block", self.throughput)
         self.startup.lap("throughput")
         self.service = self._serve_span(span)
-        self.metrics.watch(LiveState(  # read at each scrape: the span served then
+        self._watch_metrics()
+        self.startup.lap("attention cache")
+        await serve_requests(self.current, lambda: self.service.backend, self.pusher)
+        self.state = ServerState.ONLINE
+        await self.announcer.announce()
+        self.startup.lap("announce")
+        self._start_background_tasks()
+
+    async def _choose_blocks(self) -> None:
+        """--num-blocks: where the swarm is weakest, after a random wait (servers started together differ)."""
+        self.rebalancer = Rebalancer(self.current, self.model_uid, self.num_model_blocks, self.metrics,
+                                     self.config.rebalance_period_s, self.config.move_delay_s)
+        await asyncio.sleep(random.uniform(0, self.config.choice_delay_s))
+        self.start, self.end = await self.rebalancer.choose(self.memory_plan.num_blocks, self.config.throughput)
+        logger.info("Chose blocks %d:%d, where the swarm is weakest", self.start, self.end)
+
+    def _watch_metrics(self) -> None:
+        """Gauges of the span served, read at each scrape (a move replaces the span)."""
+        self.metrics.watch(LiveState(
             open_sessions=lambda: len(self.service.registry.sessions),
             queue_depth=lambda: self.service.scheduler.queue_depth,
             cache_tokens_used=lambda: self.service.budget.used_bytes // self.service.budget.bytes_per_token,
             cache_tokens_free=lambda: self.service.budget.tokens_left))
-        self.startup.lap("attention cache")
-        # a stream is served by the span served when it opens; pushed steps by the one served when they come
-        await self._serve(INFERENCE_PROTOCOL, self._inference_stream)
-        await self._serve(PUSH_PROTOCOL, functools.partial(handle_push_stream, self._backend, self.pusher))
-        await self._serve(FORWARD_PROTOCOL, self._forward_stream)
-        await self._serve(BACKWARD_PROTOCOL, self._forward_stream)
-        self.state = ServerState.ONLINE
-        await self.announce()
-        self.startup.lap("announce")
-        self._start_task(self._announce_periodically(), "bloompeer-announcer")
-        self._start_task(self._measure_next_hops(num_blocks), "bloompeer-next-hops")
+
+    def _start_background_tasks(self) -> None:
+        self._start_task(self.announcer.run(), "bloompeer-announcer")
+        self._start_task(self.announcer.measure_next_hops(), "bloompeer-next-hops")
         if self.rebalancer is not None:
             self._start_task(self.rebalancer.run(self._served_span, self.move), "bloompeer-rebalancer")
-        if self.relays is not None:
-            keeper = RelayKeeper(self.relays, lambda: self.node.p2p, self._offered_relays, self._rejoin,
+        if self.current.relays is not None:
+            keeper = RelayKeeper(self.current.relays, lambda: self.current.p2p, self._offered_relays, self._rejoin,
                                  lambda line: self.on_relays(line))
             self._start_task(keeper.run(), "bloompeer-relays")
 
@@ -178,58 +167,22 @@ class Server:
             logger.error("%s failed; the server stops", task.get_name(), exc_info=task.exception())
             self.failed.set()
 
-    async def _serve(self, protocol: str, handler) -> None:
-        await serve(self.node.p2p, protocol, handler)
-        self._handlers[protocol] = handler
-
     async def _offered_relays(self, exclude: list[str]) -> list[str]:
-        return await _offered_relays(self.model_uid, self.checkpoint.config().num_hidden_layers, self.node, exclude)
+        return await _offered_relays(self.model_uid, self.num_model_blocks, self.node, exclude)
 
     async def _rejoin(self, relays: RelaySlots) -> None:
         """Behind NAT, start the daemon again on these relays (the streams open now end), serve and announce."""
-        node = await self.node.rejoin(behind_relays(self.config.network, relays))
-        self.node, self.relays = node, relays
-        self.pusher.close()
-        self.pusher.p2p = self.push_rtts.p2p = node.p2p
-        if self.rebalancer is not None:
-            self.rebalancer.p2p, self.rebalancer.directory = node.p2p, node.directory
-        for protocol, handler in self._handlers.items():
-            await serve(node.p2p, protocol, handler)
-        await self.announce()
-
-    def _backend(self) -> SpanBackend:
-        return self.service.backend
-
-    async def _inference_stream(self, peer_id_str: str, reader, writer) -> None:
-        await handle_inference_stream(self.service.backend, self.pusher, peer_id_str, reader, writer)
-
-    async def _forward_stream(self, peer_id_str: str, reader, writer) -> None:
-        await handle_forward_stream(self.service.backend, peer_id_str, reader, writer)
+        await self.current.rejoin(behind_relays(self.config.network, relays), relays)
+        self.pusher.close()  # its streams went with the old daemon
+        await self.announcer.announce()
 
     async def _load_while_joining(self) -> BlockSpan:
         """Load blocks [start, end) in the compute thread (the loop, and the DHT node, stay responsive)
         while announcing them as joining, which costs no time."""
         load = functools.partial(self.checkpoint.load_span, self.start, self.end, self.config.torch_dtype,
                                  self.config.device, functools.partial(quantize_block, weights=self.config.weights))
-        span, _ = await asyncio.gather(self.compute.run(load), self.announce())
+        span, _ = await asyncio.gather(self.compute.run(load), self.announcer.announce())
         return span
-
-    async def _measure_throughput(self, span: BlockSpan) -> float:
-        """Measured once per model, device, dtype and torch version, then read from the cache; a quick
-        estimate is only for this run."""
-        config, dtype, weights = self.config, self.config.torch_dtype, self.config.weights
-        key = f"{self.fingerprint}|{config.device}|{config.dtype}|{torch.__version__}"
-        if weights.quantized:
-            key += f"|{weights.quant}|{weights.group_size}"
-        steps = QUICK_STEPS if config.quick_throughput else MEASURE_STEPS
-
-        def measure() -> float:
-            throughput = measure_throughput(span, config.device, dtype, steps)
-            if config.quick_throughput:
-                logger.info("Estimated the throughput in %d steps (--quick-throughput: not kept)", steps)
-            return throughput
-
-        return await self.compute.run(cached_throughput, key, measure, not config.quick_throughput, rows=1)
 
     def _serve_span(self, span: BlockSpan) -> SpanService:
         """Cache budget, sessions, scheduler and the backend that checks requests for them. The
@@ -243,31 +196,10 @@ class Server:
     def _served_span(self) -> ServedSpan:
         return ServedSpan(self.node.peer_id_str, self.start, self.end, self.throughput)
 
-    async def move(self, plan: Move) -> None:
-        """Serve plan's blocks instead of the present ones: announce the new span joining at once
-        (other servers looking for the same gap then see it taken) and the old one draining, give
-        the open sessions up to the drain timeout to move elsewhere, free the old span, announce it
-        offline, load the new one (only the shards that hold it) and announce it online."""
-        old = self.service
-        leaving = dataclasses.replace(self.record(), state=ServerState.DRAINING)
-        only_old = [index for index in range(old.start, old.end) if not plan.start <= index < plan.end]
-        logger.info("Moving from blocks %d:%d to %d:%d: %s", old.start, old.end, plan.start, plan.end, plan.reason)
-        self.state, self.start, self.end = ServerState.JOINING, plan.start, plan.end
-        self.on_move("moving", plan)
-        await asyncio.gather(self.announce(), self.announce(leaving, only_old))
-        left = await old.wait_for_sessions_to_leave(self.config.drain_timeout_s)
-        if left:
-            logger.info("Ending %d session(s) still open on blocks %d:%d; their clients replay them elsewhere",
-                        left, old.start, old.end)
-        await old.retire()
-        await self.announce(dataclasses.replace(leaving, state=ServerState.OFFLINE), only_old)
-        span = await self._load_while_joining()
-        self.service = self._serve_span(span)
-        self.state = ServerState.ONLINE
-        await self.announce()
-        self.metrics.moves.inc()
-        logger.info("Serving blocks %d:%d", self.start, self.end)
-        self.on_move("online", plan)
+    def standing(self) -> Standing:
+        """Where the server stands now, as its record says (announcer.py)."""
+        tokens_left = self.service.budget.tokens_left if self.service is not None else 0
+        return Standing(self.state, self.start, self.end, self.throughput, tokens_left)
 
     def info(self) -> ServerInfo:
         service = self.service
@@ -275,52 +207,31 @@ class Server:
         return ServerInfo(self.model_uid, self.start, self.end, self.state.value, __version__, self.config.dtype,
                           tokens_left, sessions)
 
-    def record(self) -> ServerRecord:
-        return ServerRecord(
-            peer_id=self.node.peer_id_str, state=self.state, start=self.start, end=self.end,
-            throughput=self.throughput, cache_tokens_left=self.service.budget.tokens_left if self.service else 0,
-            weights=self.config.weights, version=__version__, weights_fingerprint=self.fingerprint,
-            relayed=self.relays is not None, relay_maddrs=announceable(self.relay_maddrs),
-            via_relays=self.relays.announced() if self.relays is not None else (),
-            limits=RequestLimits(self.config.max_batch, self.config.max_length, self.config.max_step_tokens),
-            push_rtts_s=self.push_rtts.announced(), family=self.checkpoint.family.name,
-        )
-
-    async def announce(self, record: ServerRecord | None = None, blocks: list[int] | None = None) -> bool:
-        """Store `record` (default: the present one) under `blocks` (default: the record's own)."""
-        record = record or self.record()
-        blocks = list(range(record.start, record.end)) if blocks is None else blocks
-        if not blocks:
-            return True
-        expiration = get_dht_time() + RECORD_LIFETIME_PERIODS * self.config.announce_period_s
-        self.metrics.count_dht("announce", len(blocks))
-        ok = await self.node.directory.announce(self.model_uid, blocks, record, expiration)
-        if not ok:
-            again = " (will retry)" if (record.start, record.end) == (self.start, self.end) else ""
-            logger.warning("Could not announce %s blocks %d:%d as %s on the DHT%s",
-                           self.model_uid, blocks[0], blocks[-1] + 1, record.state.value, again)
-        return ok
-
-    async def _announce_periodically(self) -> None:
-        """Refresh the record every period, and once soon after going online: the first store went to
-        the peers that a young routing table knew, and servers that joined at the same moment may be
-        nearer the keys by now, where lookups go; without it a lookup could miss the server for a period."""
-        await asyncio.sleep(min(REANNOUNCE_AFTER_JOINING_S, self.config.announce_period_s))
-        while True:
-            await self.announce()
-            await asyncio.sleep(self.config.announce_period_s)
-
-    async def _measure_next_hops(self, num_blocks: int) -> None:
-        """Keep round trips to the servers we could push to fresh; announce at once when the set changes."""
-        while True:
-            try:
-                servers = await self.node.directory.find_servers(self.model_uid, num_blocks)
-                self.metrics.count_dht("lookup", num_blocks)
-                if await self.push_rtts.refresh(servers, self.start, self.end) and self.state is ServerState.ONLINE:
-                    await self.announce()
-            except Exception:
-                logger.warning("Could not measure the round trips to the next servers", exc_info=True)
-            await asyncio.sleep(NEXT_HOPS_CHECK_S)
+    async def move(self, plan: Move) -> None:
+        """Serve plan's blocks instead of the present ones: announce the new span joining at once
+        (other servers looking for the same gap then see it taken) and the old one draining, give
+        the open sessions up to the drain timeout to move elsewhere, free the old span, announce it
+        offline, load the new one (only the shards that hold it) and announce it online."""
+        old, announcer = self.service, self.announcer
+        leaving = dataclasses.replace(announcer.record(), state=ServerState.DRAINING)
+        only_old = [index for index in range(old.start, old.end) if not plan.start <= index < plan.end]
+        logger.info("Moving from blocks %d:%d to %d:%d: %s", old.start, old.end, plan.start, plan.end, plan.reason)
+        self.state, self.start, self.end = ServerState.JOINING, plan.start, plan.end
+        self.on_move("moving", plan)
+        await asyncio.gather(announcer.announce(), announcer.announce(leaving, only_old))
+        left = await old.wait_for_sessions_to_leave(self.config.drain_timeout_s)
+        if left:
+            logger.info("Ending %d session(s) still open on blocks %d:%d; their clients replay them elsewhere",
+                        left, old.start, old.end)
+        await old.retire()
+        await announcer.announce(dataclasses.replace(leaving, state=ServerState.OFFLINE), only_old)
+        span = await self._load_while_joining()
+        self.service = self._serve_span(span)
+        self.state = ServerState.ONLINE
+        await announcer.announce()
+        self.metrics.moves.inc()
+        logger.info("Serving blocks %d:%d", self.start, self.end)
+        self.on_move("online", plan)
 
     async def drain(self, timeout_s: float) -> None:
         """Take no new sessions, tell the open ones to move (their next step is refused), and wait
@@ -329,15 +240,14 @@ class Server:
             return
         self.state = ServerState.DRAINING
         deadline = asyncio.get_running_loop().time() + timeout_s
-        await _within(timeout_s, "announcing draining", self.node.unless_daemon_gone(self.announce()))
+        await _within(timeout_s, "announcing draining", self.node.unless_daemon_gone(self.announcer.announce()))
         left = await self.service.wait_for_sessions_to_leave(max(0.0, deadline - asyncio.get_running_loop().time()))
         logger.info("Drained: %s", f"{left} session(s) still open after {timeout_s:.0f} s" if left
                     else "no sessions left")
 
     async def _say_goodbye(self) -> None:
-        await self.announce()
-        for name in self._handlers:
-            await stop_serving(self.node.p2p, name)
+        await self.announcer.announce()
+        await self.current.stop_serving()
 
     async def shutdown(self) -> None:
         """Announce offline and release everything. Idempotent, and bounded in time (a stopped server
@@ -362,6 +272,26 @@ class Server:
             self.compute.shutdown()
 
 
+def _check_blocks(config: ServerConfig, checkpoint: Checkpoint) -> int:
+    """The model's number of blocks, once the blocks asked for (--blocks or --num-blocks) are within it."""
+    num_model_blocks, model = checkpoint.config().num_hidden_layers, checkpoint.model_uid
+    if config.start is not None and not 0 <= config.start < config.end <= num_model_blocks:
+        raise ValueError(f"--blocks {config.start}:{config.end} is not a range within {model}'s "
+                         f"{num_model_blocks} blocks (0:{num_model_blocks})")
+    count = config.num_blocks_to_serve
+    if config.start is None and not 0 <= count <= num_model_blocks:
+        raise ValueError(f"--num-blocks {count} is not between 1 and {model}'s {num_model_blocks} blocks")
+    return num_model_blocks
+
+
+async def _join(config: ServerConfig, model_uid: str, num_model_blocks: int) -> Joined:
+    """Join the network: directly if a peer can dial us back, else through relays the swarm offers."""
+    if config.check_reachability:
+        return await join_network(config.network, functools.partial(_offered_relays, model_uid, num_model_blocks))
+    return Joined(await PeerNode.create(config.network, announcing=True),
+                  "reachability: not checked (--no-reachability-check)")
+
+
 async def _within(timeout_s: float, step: str, awaitable: Awaitable[object]) -> None:
     """Await a step of stopping for at most `timeout_s`, then go on without it (and say so)."""
     try:
@@ -370,8 +300,9 @@ async def _within(timeout_s: float, step: str, awaitable: Awaitable[object]) -> 
         logger.warning("Stopping: %s took over %.0f s; going on without it", step, timeout_s)
 
 
-async def _offered_relays(model_uid: str, num_blocks: int, node: PeerNode, exclude: Sequence[str] = ()) -> list[str]:
+async def _offered_relays(model_uid: str, num_model_blocks: int, node: PeerNode,
+                          exclude: Sequence[str] = ()) -> list[str]:
     """Relays that servers of this model offer in their records (none of `exclude`, nor us)."""
-    servers = await node.directory.find_servers(model_uid, num_blocks)
+    servers = await node.directory.find_servers(model_uid, num_model_blocks)
     records = (record for records in servers.values() for record in records)
     return relays_in_records(records, [*exclude, node.peer_id_str])

@@ -7,7 +7,6 @@ after `session_timeout_s` without a step, so an abandoned session never holds me
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import secrets
 import time
@@ -26,13 +25,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class Session:
-    id: int
+    # the session's one name: random and unguessable, it is the session_id its client gets on the
+    # wire, gives the servers before this one in its chain to push steps here, and is what the
+    # scheduler tells the session's steps apart by
+    id: str
     peer_id_str: str
     cache: SessionCache
     nbytes: int
     on_expire: Callable[[], None]  # ends the session's stream
     deliver: Callable[[Message], Awaitable[None]]  # answers the session's client, on its stream
-    token: str = field(default_factory=lambda: secrets.token_hex(16))  # lets the previous server push steps here
     last_active: float = field(default_factory=time.monotonic)
     # held while a step is checked and computed: a session's steps (from its client and pushed) run
     # one at a time, in arrival order, each checked against the cache as the one before left it
@@ -47,9 +48,8 @@ class SessionRegistry:
         self.budget, self.max_sessions_per_peer, self.session_timeout_s = (
             budget, max_sessions_per_peer, session_timeout_s)
         self.sessions: set[Session] = set()
-        self._by_token: dict[str, Session] = {}
+        self._by_id: dict[str, Session] = {}
         self._per_peer: Counter[str] = Counter()
-        self._ids = itertools.count()
 
     async def open(self, peer_id_str: str, nbytes: int, alloc_timeout_s: float,
                    make_cache: Callable[[], SessionCache], on_expire: Callable[[], None],
@@ -70,13 +70,13 @@ class SessionRegistry:
             self._forget_peer(peer_id_str)
             await self.budget.release(nbytes)
             raise
-        session = Session(next(self._ids), peer_id_str, cache, nbytes, on_expire, deliver)
+        session = Session(secrets.token_hex(16), peer_id_str, cache, nbytes, on_expire, deliver)
         self.sessions.add(session)
-        self._by_token[session.token] = session
+        self._by_id[session.id] = session
         return session
 
-    def find(self, token: str) -> Session | None:
-        return self._by_token.get(token)
+    def find(self, session_id: str) -> Session | None:
+        return self._by_id.get(session_id)
 
     def _forget_peer(self, peer_id_str: str) -> None:
         self._per_peer[peer_id_str] -= 1
@@ -88,7 +88,7 @@ class SessionRegistry:
         if session not in self.sessions:
             return
         self.sessions.discard(session)
-        del self._by_token[session.token]
+        del self._by_id[session.id]
         self._forget_peer(session.peer_id_str)
         session.cache = None  # drop the tensors now, not when the stream object goes
         await self.budget.release(session.nbytes)
@@ -99,7 +99,8 @@ class SessionRegistry:
             await asyncio.sleep(min(5.0, self.session_timeout_s / 2))
             now = time.monotonic()
             for session in [s for s in self.sessions if now - s.last_active > self.session_timeout_s]:
-                logger.info("Closing session %d of %s: idle for over %.0f s", session.id, session.peer_id_str,
+                # a prefix of its id: the whole id lets whoever reads it push steps into the session
+                logger.info("Closing session %s of %s: idle for over %.0f s", session.id[:8], session.peer_id_str,
                             self.session_timeout_s)
                 session.on_expire()
                 await self.close(session)

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import torch
 
-from ...blocks import BlockSpan
+from ...blocks import BlockSpan, Checkpoint
+from .compute import ComputeWorker
+from .config import ServerConfig
 
-__all__ = ["MEASURE_STEPS", "QUICK_STEPS", "measure_throughput", "cached_throughput"]
+__all__ = ["MEASURE_STEPS", "QUICK_STEPS", "measure_throughput", "cached_throughput", "server_throughput"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,3 +75,23 @@ def cached_throughput(key: str, measure, keep: bool = True) -> float:
     except OSError as exc:
         logger.warning("Could not save the measured throughput to %s: %s", path, exc)
     return throughput
+
+
+async def server_throughput(span: BlockSpan, config: ServerConfig, checkpoint: Checkpoint,
+                            compute: ComputeWorker) -> float:
+    """The throughput a server announces for `span`, measured on its compute thread once per model,
+    device, dtype, weight format and torch version, then read from the cache; a quick estimate
+    (--quick-throughput) is only for this run."""
+    dtype, weights = config.torch_dtype, config.weights
+    key = f"{checkpoint.fingerprint()}|{config.device}|{config.dtype}|{torch.__version__}"
+    if weights.quantized:
+        key += f"|{weights.quant}|{weights.group_size}"
+    steps = QUICK_STEPS if config.quick_throughput else MEASURE_STEPS
+
+    def measure() -> float:
+        throughput = measure_throughput(span, config.device, dtype, steps)
+        if config.quick_throughput:
+            logger.info("Estimated the throughput in %d steps (--quick-throughput: not kept)", steps)
+        return throughput
+
+    return await compute.run(cached_throughput, key, measure, not config.quick_throughput, rows=1)
