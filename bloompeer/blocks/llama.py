@@ -57,7 +57,10 @@ class Variant:
     sinks: bool = False  # a learned logit per head that each query's softmax spreads over too (gpt-oss)
     norm_weight_first: bool = False  # RMSNorm multiplies by its weight before casting back (gpt-oss: OLMo 2's)
     mlp_name: str = "mlp"  # the MLP's name in a checkpoint (Mixtral: block_sparse_moe)
-    make_mlp: Callable[[object, int], nn.Module] | None = None  # (config, layer) -> its MLP; None: SwiGLU
+    # (config, layer) -> its sparse MLP, or None for a dense layer (SwiGLU); None: every layer dense
+    make_mlp: Callable[[object, int], nn.Module | None] | None = None
+    # (config, layer) -> (experts, experts a token uses), (0, 0) for a dense layer; None: every layer dense
+    experts: Callable[[object, int], tuple[int, int]] | None = None
     convert: Callable[[dict], dict] | None = None  # a block's tensors as stored -> as its modules name them
 
 
@@ -69,17 +72,29 @@ def _layer_windows(config) -> tuple[int | None, ...]:
     return tuple(config.sliding_window if kind == "sliding_attention" else None for kind in config.layer_types)
 
 
+def _every_layer_sparse(config, layer_idx: int) -> tuple[int, int]:
+    """Mixtral, gpt-oss: every layer routes to num_experts_per_tok of num_local_experts."""
+    return config.num_local_experts, config.num_experts_per_tok
+
+
+def _qwen_moe_experts(config, layer_idx: int) -> tuple[int, int]:
+    """Qwen2/Qwen3-MoE: sparse where `decoder_sparse_step` says and not in `mlp_only_layers`, else dense."""
+    if layer_idx in config.mlp_only_layers or not config.num_experts or (layer_idx + 1) % config.decoder_sparse_step:
+        return 0, 0
+    return config.num_experts, config.num_experts_per_tok
+
+
 def _mixtral_mlp(config, layer_idx: int) -> nn.Module:
     experts = [MixtralExpert(config.hidden_size, config.intermediate_size) for _ in range(config.num_local_experts)]
     return SparseMoe("gate", Router(config.hidden_size, config.num_local_experts), experts,
                      config.num_experts_per_tok, softmax_then_top_k(renormalize=True, weights_dtype_of_logits=False))
 
 
-def _qwen_moe_mlp(config, layer_idx: int, shared: bool = False) -> nn.Module:
-    """Sparse where `decoder_sparse_step` says and not in `mlp_only_layers`, else dense (intermediate_size);
-    Qwen2-MoE adds a shared expert."""
-    if layer_idx in config.mlp_only_layers or not config.num_experts or (layer_idx + 1) % config.decoder_sparse_step:
-        return SwiGLU(config.hidden_size, config.intermediate_size)
+def _qwen_moe_mlp(config, layer_idx: int, shared: bool = False) -> nn.Module | None:
+    """A sparse layer's MLP, experts of moe_intermediate_size (Qwen2-MoE adds a shared expert); None for a
+    dense layer."""
+    if not _qwen_moe_experts(config, layer_idx)[0]:
+        return None
     experts = [SwiGLU(config.hidden_size, config.moe_intermediate_size) for _ in range(config.num_experts)]
     shared_expert = SwiGLU(config.hidden_size, config.shared_expert_intermediate_size) if shared else None
     return SparseMoe("gate", Router(config.hidden_size, config.num_experts), experts, config.num_experts_per_tok,
@@ -102,12 +117,14 @@ _VARIANTS = {
                                windows=_layer_windows(c)),
 }
 _VARIANTS |= {  # the mixtures of experts, each as its dense base's differences
-    "mixtral": lambda c: replace(_VARIANTS["mistral"](c), mlp_name="block_sparse_moe", make_mlp=_mixtral_mlp),
-    "qwen2_moe": lambda c: replace(_VARIANTS["qwen2"](c), qkv_bias=c.qkv_bias,
+    "mixtral": lambda c: replace(_VARIANTS["mistral"](c), mlp_name="block_sparse_moe", make_mlp=_mixtral_mlp,
+                                 experts=_every_layer_sparse),
+    "qwen2_moe": lambda c: replace(_VARIANTS["qwen2"](c), qkv_bias=c.qkv_bias, experts=_qwen_moe_experts,
                                    make_mlp=lambda config, i: _qwen_moe_mlp(config, i, shared=True)),
-    "qwen3_moe": lambda c: replace(_VARIANTS["qwen3"](c), make_mlp=_qwen_moe_mlp),
+    "qwen3_moe": lambda c: replace(_VARIANTS["qwen3"](c), make_mlp=_qwen_moe_mlp, experts=_qwen_moe_experts),
     "gpt_oss": lambda c: Variant(qkv_bias=c.attention_bias, o_bias=c.attention_bias, windows=_layer_windows(c),
                                  sinks=True, norm_weight_first=True, make_mlp=_gpt_oss_mlp,
+                                 experts=_every_layer_sparse,
                                  convert=lambda state: split_fused_experts(state, "mlp.experts.")),
 }
 
@@ -293,9 +310,14 @@ class LlamaSpan(BlockSpan):
     def make_mlp(self, config, layer_idx: int) -> nn.Module:
         """Block `layer_idx`'s MLP: a module with the checkpoint's names and a `compute(hidden, linear, rows)`
         (a mixture of experts' variant makes its sparse layers)."""
-        if self.variant.make_mlp is not None:
-            return self.variant.make_mlp(config, layer_idx)
-        return SwiGLU(config.hidden_size, config.intermediate_size, self.variant.mlp_bias)
+        sparse = self.variant.make_mlp(config, layer_idx) if self.variant.make_mlp is not None else None
+        return sparse if sparse is not None else SwiGLU(config.hidden_size, config.intermediate_size,
+                                                        self.variant.mlp_bias)
+
+    @classmethod
+    def experts_of(cls, config) -> tuple[tuple[int, int], ...]:
+        experts = variant_of(config).experts
+        return tuple(experts(config, i) if experts else (0, 0) for i in range(config.num_hidden_layers))
 
     def block_state(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         convert = self.variant.convert

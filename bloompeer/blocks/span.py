@@ -122,6 +122,12 @@ class BlockSpan(nn.Module):
         """One block. hidden: one segment's [batch, num_new, hidden], or all segments' [rows, hidden]."""
         raise NotImplementedError
 
+    @classmethod
+    def experts_of(cls, config) -> tuple[tuple[int, int], ...]:
+        """Per block of the model: (experts, experts a token uses) of its sparse MLP, (0, 0) for a dense
+        one (what `status` and the dashboard show)."""
+        return ((0, 0),) * config.num_hidden_layers
+
     def block_state(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A block's tensors as its checkpoint stores them (its prefix dropped) -> as its modules name them
         (gpt-oss's fused experts cut per expert, say); the same by default."""

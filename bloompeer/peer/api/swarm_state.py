@@ -14,6 +14,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from ...blocks import family_for_model_type
 from ..swarm_status import status_data
 
 __all__ = ["fetch_swarm_state", "fetch_unserved_blocks"]
@@ -29,8 +30,9 @@ async def fetch_swarm_state(model) -> dict[str, Any]:
     """status_data(...) plus "latency_s": {peer id: seconds or None (not measured, or no answer)}."""
     swarm_client = model.client
     servers, rtts_s = await run_in_threadpool(swarm_client.runtime.run, _lookup(swarm_client))
-    view = swarm_client.swarm
-    state = status_data(view.model_uid, view.num_model_blocks, servers)
+    view, config = swarm_client.swarm, model.config
+    experts = family_for_model_type(config.model_type).span_class.experts_of(config)
+    state = status_data(view.model_uid, view.num_model_blocks, servers, experts)
     peers = {record.peer_id for records in servers.values() for record in records}
     state["latency_s"] = {peer: rtts_s[peer] if math.isfinite(rtts_s.get(peer, math.inf)) else None
                           for peer in sorted(peers)}

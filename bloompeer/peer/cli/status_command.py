@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .flags import add_model_flag, add_network_flags, network_config
-from ..swarm_status import missing_blocks, status_data
+from ..swarm_status import describe_experts, missing_blocks, status_data
 
 if TYPE_CHECKING:
     from ...p2p import ServerRecord
@@ -31,11 +32,15 @@ def _short(peer_id: str) -> str:
     return "…" + peer_id[-8:]
 
 
-def format_status(model_uid: str, num_model_blocks: int, servers: dict[int, list[ServerRecord]]) -> str:
-    """A table: one row per block, its servers; then one row per server."""
+def format_status(model_uid: str, num_model_blocks: int, servers: dict[int, list[ServerRecord]],
+                  experts: Sequence[tuple[int, int]] = ()) -> str:
+    """A table: one row per block, its servers; then one row per server. experts: per block, (experts,
+    experts a token uses) (BlockSpan.experts_of), for a mixture of experts."""
     families = sorted({r.family for records in servers.values() for r in records})
     family = f" ({', '.join(families)} family)" if families else ""
-    lines, missing = [f"{model_uid}{family}: {num_model_blocks} blocks"], missing_blocks(num_model_blocks, servers)
+    sparse = describe_experts(experts)
+    header = f"{model_uid}{family}: {num_model_blocks} blocks" + (f"; {sparse}" if sparse else "")
+    lines, missing = [header], missing_blocks(num_model_blocks, servers)
     for index in range(num_model_blocks):
         records = sorted(servers.get(index, []), key=lambda r: r.peer_id)
         cells = ", ".join(f"{_short(r.peer_id)} {r.state.value}" for r in records)
@@ -62,18 +67,18 @@ def run(args: argparse.Namespace) -> int:
     from ...p2p import PeerNode
 
     async def fetch():
-        checkpoint = open_checkpoint(args.model)
-        num_model_blocks = checkpoint.config().num_hidden_layers
         node = await PeerNode.create(network_config(args, client_mode=True))
         try:
-            servers = await node.directory.find_servers(checkpoint.model_uid, num_model_blocks)
-            return checkpoint.model_uid, num_model_blocks, servers
+            return await node.directory.find_servers(checkpoint.model_uid, num_model_blocks)
         finally:
             await node.shutdown()
 
-    model_uid, num_model_blocks, servers = uvloop.run(fetch())
+    checkpoint = open_checkpoint(args.model)
+    config = checkpoint.config()
+    num_model_blocks, experts = config.num_hidden_layers, checkpoint.family.span_class.experts_of(config)
+    servers = uvloop.run(fetch())
     if args.json:
-        print(json.dumps(status_data(model_uid, num_model_blocks, servers), indent=1))
+        print(json.dumps(status_data(checkpoint.model_uid, num_model_blocks, servers, experts), indent=1))
     else:
-        print(format_status(model_uid, num_model_blocks, servers))
+        print(format_status(checkpoint.model_uid, num_model_blocks, servers, experts))
     return 0

@@ -63,16 +63,27 @@ function drawServers(state) {
   }
 }
 
+// A mixture of experts in words, as `bloompeer status` says it (swarm_status.describe_experts); "" if dense.
+function describeExperts(state) {
+  const sparse = [...new Set(state.blocks.filter((block) => block.experts)
+    .map((block) => `${block.experts} experts a block, ${block.experts_per_token} used a token`))];
+  if (!sparse.length) return "";
+  const dense = state.blocks.filter((block) => !block.experts).map((block) => block.index);
+  const denseText = dense.length ? `; dense: block${dense.length > 1 ? "s" : ""} ${dense.join(", ")}` : "";
+  return `; ${sparse.join("; ")}${denseText}`;
+}
+
 function drawSummary(state) {
   document.getElementById("model").textContent = state.model;
   const summary = document.getElementById("summary");
   const uncovered = state.missing;  // blocks no online server covers
   const servers = new Set(serversOf(state).map((record) => record.peer_id)).size;
+  const experts = describeExperts(state);
   if (uncovered.length) {
-    summary.textContent = `${state.num_blocks} blocks, ${servers} server(s); NOT COVERED: block(s) ${uncovered.join(", ")}`;
+    summary.textContent = `${state.num_blocks} blocks${experts}, ${servers} server(s); NOT COVERED: block(s) ${uncovered.join(", ")}`;
     summary.className = "missing";
   } else {
-    summary.textContent = `${state.num_blocks} blocks, all covered, by ${servers} server(s)`;
+    summary.textContent = `${state.num_blocks} blocks${experts}, all covered, by ${servers} server(s)`;
     summary.className = "";
   }
 }
