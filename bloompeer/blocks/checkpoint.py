@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from ..errors import RequestError
 from .families import family_for_model_type
+from .published_formats import dequantize_published, is_stored_packed
 from .family import ModelFamily
 from .span import BlockSpan
 
@@ -97,6 +98,11 @@ class Checkpoint:
         except ValueError as exc:
             raise CheckpointError(f"{self.name_or_path}: {exc}") from None
 
+    @property
+    def quant_method(self) -> str | None:
+        """How the authors published its weights, if not in a float dtype: "mxfp4" (published_formats.py)."""
+        return (self._config_json.get("quantization_config") or {}).get("quant_method")
+
     def config(self):
         """The model's transformers config (BloomConfig, LlamaConfig, Qwen3Config, ...), a new object each
         call (callers may change theirs); CheckpointError if bloompeer cannot compute it exactly."""
@@ -140,7 +146,7 @@ class Checkpoint:
 
     def load_tensors(self, prefixes: tuple[str, ...], dtype: torch.dtype, desc: str | None) -> dict[str, torch.Tensor]:
         """Load every tensor whose name starts with one of `prefixes`, opening only their shards (with a
-        progress bar named `desc`, or none)."""
+        progress bar named `desc`, or none), in `dtype` (a published format's codes as stored)."""
         by_shard: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for name, (shard, stored) in self._stored_names.items():
             if name.startswith(prefixes):
@@ -152,7 +158,8 @@ class Checkpoint:
             for shard, names in sorted(by_shard.items()):
                 with safe_open(self.file(shard), framework="pt") as f:
                     for name, stored in names:
-                        tensors[name] = f.get_tensor(stored).to(dtype)
+                        tensor = f.get_tensor(stored)
+                        tensors[name] = tensor if is_stored_packed(tensor) else tensor.to(dtype)
                         progress.update()
         return tensors
 
@@ -171,7 +178,11 @@ class Checkpoint:
         for index, block in blocks:
             prefix = family.block_prefix(index)
             tensors = self.load_tensors((prefix,), dtype, desc=None)
-            state = span.block_state({name.removeprefix(prefix): tensor for name, tensor in tensors.items()})
+            state = {name.removeprefix(prefix): tensor for name, tensor in tensors.items()}
+            try:
+                state = span.block_state(dequantize_published(state, self.quant_method, dtype))
+            except ValueError as exc:
+                raise CheckpointError(f"{self.name_or_path}: block {index}: {exc}") from None
             try:
                 block.load_state_dict(state, strict=True, assign=True)
             except RuntimeError as exc:

@@ -72,3 +72,12 @@ def test_fingerprint_ignores_transformers_versions_not_the_configs_values(tiny_c
 def test_paths_that_are_not_checkpoints(name):
     with pytest.raises(CheckpointError):
         open_checkpoint(name)
+
+
+def test_weights_published_in_a_format_not_read_here_are_refused_naming_it(tiny_checkpoint, tmp_path):
+    copy = tmp_path / "awq"
+    shutil.copytree(tiny_checkpoint, copy)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps(config | {"quantization_config": {"quant_method": "awq"}}))
+    with pytest.raises(CheckpointError, match="block 0: weights published as 'awq' are not read by bloompeer"):
+        open_checkpoint(copy).load_span(0, 1, torch.float32)

@@ -7,12 +7,13 @@ multiplied as the very tensors it multiplies)."""
 import pytest
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache, Mxfp4Config
 
 from bloompeer.blocks import Segment, open_checkpoint
 from bloompeer.blocks.moe import SparseMoe
 
 from ..conftest import MOE_FAMILY
+from ..helpers.mxfp4 import write_mxfp4_checkpoint
 
 IDS = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9, 10, 11, 12, 13], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]])
 MASK = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 12]).bool()
@@ -90,3 +91,28 @@ def test_a_sessions_tokens_are_routed_and_computed_alike_whatever_shares_its_pas
     together = span.forward_segments(segments)
     for segment, output in zip(segments, together):
         torch.testing.assert_close(output, span(segment.hidden), rtol=0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def mxfp4_gpt_oss(moe_checkpoints, tmp_path_factory):
+    return write_mxfp4_checkpoint(moe_checkpoints["gpt_oss"], tmp_path_factory.mktemp("gpt-oss-mxfp4") / "gpt_oss")
+
+
+@torch.no_grad()
+def test_gpt_oss_published_in_mxfp4_loads_as_transformers_dequantizes_it(mxfp4_gpt_oss, moe_checkpoints):
+    """The hub's layout (experts as *_blocks and *_scales, the config's quantization_config): our
+    dequantization at load is transformers' own, bit for bit, and the weights are the float ones rounded."""
+    reference = AutoModelForCausalLM.from_pretrained(mxfp4_gpt_oss, dtype=torch.float32,
+                                                     quantization_config=Mxfp4Config(dequantize=True),
+                                                     experts_implementation="grouped_mm").eval()
+    span = open_checkpoint(mxfp4_gpt_oss).load_span(0, 4, torch.float32)
+    theirs = reference.model.layers[2].mlp.experts
+    ours = span.blocks[2].feed_forward.experts
+    assert torch.equal(ours[1].gate_up_proj.weight, theirs.gate_up_proj[1].t())
+    assert torch.equal(ours[3].down_proj.weight, theirs.down_proj[3].t())
+    floats = open_checkpoint(moe_checkpoints["gpt_oss"]).load_span(2, 3, torch.float32).blocks[0].feed_forward
+    error = (ours[1].gate_up_proj.weight - floats.experts[1].gate_up_proj.weight).norm()
+    assert 0 < error < 0.2 * floats.experts[1].gate_up_proj.weight.norm()  # rounded to 4 bits, not garbled
+    expected = reference.model(IDS, attention_mask=MASK, position_ids=_positions(MASK)).last_hidden_state
+    hidden = span(reference.model.embed_tokens(IDS), MASK)
+    torch.testing.assert_close(reference.model.norm(hidden)[MASK], expected[MASK], rtol=0, atol=0)
