@@ -42,7 +42,7 @@ LLAMA_FAMILY = {
 MOE_FAMILY = {
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=5),  # windows
     "qwen2_moe": dict(model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                      shared_expert_intermediate_size=48, norm_topk_prob=False),  # a shared expert, weights as chosen
+                      shared_expert_intermediate_size=64, norm_topk_prob=False),  # a shared expert, weights as chosen
     "qwen3_moe": dict(model_type="qwen3_moe", num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
                       mlp_only_layers=[1], norm_topk_prob=True, head_dim=32),  # 3 experts a token; block 1 dense
     "gpt_oss": dict(model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
