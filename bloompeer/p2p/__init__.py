@@ -68,6 +68,7 @@ _LAZY = {
     "decode_message": ".messages",
     "dtype_name": ".tensors",
     "get_dht_time": ".dht",
+    "live_relays": ".relays",
     "pack": ".framing",
     "ping": ".latency",
     "reachable_maddrs": ".reachability",

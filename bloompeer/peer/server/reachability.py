@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from ...p2p import RELAY_SLOTS, NetworkConfig, PeerNode, RelaySlots, reachable_maddrs
+from ...p2p import RELAY_SLOTS, NetworkConfig, PeerNode, RelaySlots, live_relays, reachable_maddrs
 
 __all__ = ["Joined", "behind_relays", "join_network"]
 
@@ -44,8 +44,10 @@ def behind_relays(network: NetworkConfig, slots: RelaySlots) -> NetworkConfig:
 
 
 async def join_network(network: NetworkConfig, find_relays: FindRelays) -> Joined:
-    """Join directly if a peer can dial us back, else through relays: those the swarm's records
-    offer (RELAY_SLOTS of them), or if it offers none, our initial peers."""
+    """Join directly if a peer can dial us back, else through relays: RELAY_SLOTS of those the
+    swarm's records offer that answer now (a record outlives its relay by up to three announce
+    periods, and one dead relay would keep the daemon from reserving on any: p2p/relays.py), or
+    if none does, our initial peers."""
     node = await PeerNode.create(network, announcing=True)
     if not network.initial_peers:
         return Joined(node, "reachability: not checked (no other peer to ask; this is the first peer)")
@@ -54,6 +56,7 @@ async def join_network(network: NetworkConfig, find_relays: FindRelays) -> Joine
     try:
         reachable, helper = await reachable_maddrs(node.p2p, helpers, own)
         offered = await find_relays(node) if not reachable and helper is not None else []
+        offered = await live_relays(node.p2p, offered, RELAY_SLOTS) if offered else []
     except BaseException:
         await node.shutdown()
         raise
@@ -62,7 +65,7 @@ async def join_network(network: NetworkConfig, find_relays: FindRelays) -> Joine
                       reachable=tuple(f"{m}/p2p/{node.peer_id_str}" for m in reachable))
     if helper is None:
         return Joined(node, "reachability: unknown (no peer answered the check); serving on the addresses above")
-    slots = RelaySlots.of(offered[:RELAY_SLOTS] or network.initial_peers)
+    slots = RelaySlots.of(offered or network.initial_peers)
     logger.info("%s could not dial any of %s; restarting behind relays %s", helper, own, list(slots.relays))
     node = await node.rejoin(behind_relays(network, slots))
     source = "found on the DHT" if offered else "(the initial peers)"

@@ -1,10 +1,11 @@
 """Keeps a server behind NAT reachable while its relays come and go.
 
 It watches the relays the server holds reservations on; when one goes, it picks the survivors and
-a replacement that the swarm's records offer, and has the server start its daemon again on them
-and announce its new circuit addresses. The restart ends the server's open streams (libp2p's
-daemon takes its static relays only at start): their clients replay their sessions elsewhere or
-here, as after any server fault.
+a replacement that the swarm's records offer, of those the ones that answer now (records outlive
+dead relays, and one dead relay in the daemon's list keeps it from reserving on any: see
+p2p/relays.py), and has the server start its daemon again on them and announce its new circuit
+addresses. The restart ends the server's open streams (libp2p's daemon takes its static relays
+only at start): their clients replay their sessions elsewhere or here, as after any server fault.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from ...p2p import P2P, NetworkError, RelaySlots
+from ...p2p import P2P, RELAY_SLOTS, NetworkError, RelaySlots, live_relays
 
 __all__ = ["RelayKeeper"]
 
@@ -40,16 +41,27 @@ class RelayKeeper:
                          f"{', '.join(self.slots.relays)} and announced again in {time.monotonic() - started:.2f} s")
 
     async def _replace(self, lost: list[str]) -> None:
-        """Rejoin on the survivors and replacements; while there are none, or rejoining fails, try again."""
+        """Rejoin on the survivors and replacements that answer; while none does, or rejoining fails,
+        try again."""
         while True:
+            slots = RelaySlots(())
             try:
-                slots = self.slots.replaced(lost, await self._find_relays(lost))
+                slots = await self._choose(lost)
                 if slots.relays:
                     await self._rejoin(slots)
                     self.slots = slots
                     return
-                logger.warning("No relay left and the swarm offers none; this server is unreachable until one "
-                               "comes (looking again every %.0f s)", NO_RELAY_RETRY_S)
+                logger.warning("No relay left that answers, here or in the swarm's records; this server is "
+                               "unreachable until one comes (looking again every %.0f s)", NO_RELAY_RETRY_S)
             except NetworkError as exc:
                 logger.warning("Could not rejoin through relays %s: %s", list(slots.relays), exc)
             await asyncio.sleep(NO_RELAY_RETRY_S)
+
+    async def _choose(self, lost: list[str]) -> RelaySlots:
+        """The survivors and the relays the records offer, those that answer now, up to RELAY_SLOTS."""
+        candidates = self.slots.candidates(lost, await self._find_relays(lost))
+        try:
+            return RelaySlots(tuple(await live_relays(self._p2p(), candidates, RELAY_SLOTS)))
+        except OSError as exc:  # our daemon is gone (a rejoin that failed): nothing to dial them from
+            logger.debug("Could not ask the daemon which relays answer (%r); taking them untried", exc)
+            return RelaySlots(tuple(candidates[:RELAY_SLOTS]))
