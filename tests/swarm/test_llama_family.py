@@ -246,7 +246,8 @@ def test_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, sw
     passes = value(after, "bloompeer_server_batch_size_count") - value(before, "bloompeer_server_batch_size_count")
     requests = value(after, "bloompeer_server_batch_size_sum") - value(before, "bloompeer_server_batch_size_sum")
     assert passes >= NEW_TOKENS and requests == SESSIONS * passes, (
-        f"{requests:.0f} requests in {passes:.0f} passes: not every pass held a step of each of the {SESSIONS} sessions")
+        f"{requests:.0f} requests in {passes:.0f} passes: not every pass held a step of each of the {SESSIONS} "
+        f"sessions")
 
 
 @torch.inference_mode()
