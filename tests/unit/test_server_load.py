@@ -70,6 +70,32 @@ async def test_registry_limits_sessions_per_peer_and_frees_on_close_and_expiry(s
     assert expired == ["second"] and budget.used_bytes == 0 and not registry.sessions
 
 
+async def test_a_session_whose_step_is_under_way_is_not_idle(span):
+    """However long a step waits (here: its session's stepping lock held), its session is not closed
+    as idle; an idle one opened after it is, by the same look of the reaper."""
+    budget = CacheBudget(total_bytes=1000, bytes_per_token=10)
+    registry = SessionRegistry(budget, max_sessions_per_peer=2, session_timeout_s=0.2)
+    expired = asyncio.Event()
+
+    async def deliver(message):
+        pass
+
+    def make_cache():
+        return span.new_cache(0, 2, 1, 4, torch.float32)
+
+    stepping = await registry.open("peer-a", 100, 0, make_cache, lambda: None, deliver)
+    await stepping.stepping.acquire()
+    idle = await registry.open("peer-a", 100, 0, make_cache, expired.set, deliver)
+    reaper = asyncio.create_task(registry.expire_idle())
+    try:
+        await asyncio.wait_for(expired.wait(), 60)
+        assert registry.sessions == {stepping}  # idle longer than `idle`, yet kept
+        stepping.stepping.release()
+        stepping.touch()
+    finally:
+        reaper.cancel()
+
+
 def _session(span, batch, cached):
     cache = span.new_cache(span.start, span.end, batch, 64, torch.float32)
     if cached:
