@@ -13,6 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from transformers import AutoTokenizer
 
 from bloompeer.peer.cli.local_swarm import PeerProcess
 
@@ -113,3 +114,9 @@ def client(api) -> Iterator[openai.OpenAI]:
 @pytest.fixture(scope="session")
 def model_id(tiny_checkpoint) -> str:
     return tiny_checkpoint.name
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_checkpoint):
+    """The tiny model's tokenizer (byte-level), as the API itself loads it."""
+    return AutoTokenizer.from_pretrained(tiny_checkpoint)

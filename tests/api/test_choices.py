@@ -9,14 +9,8 @@ from collections import Counter
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 PROMPTS = ["The swarm", "Several prompts in one request", "A third"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_checkpoint):
-    return AutoTokenizer.from_pretrained(tiny_checkpoint)
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def test_api_without_peers_runs_a_local_swarm_and_leaves_nothing(tiny_checkpoint
                                                                          skip_special_tokens=True)
         assert "starting a local swarm" in api.process.log_path.read_text()
     finally:
-        exit_code = api.stop()
+        exit_code = api.stop(timeout_s=90.0)  # it stops its local swarm too; SIGKILL (-9) only past this guard
     assert exit_code == 0
     assert processes_with_env(MARKER_ENV, marker) == []
 

@@ -8,14 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 PROMPT = "The swarm computes"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_checkpoint):
-    return AutoTokenizer.from_pretrained(tiny_checkpoint)
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ the swarm's limits, named), 404 unknown model, 503 naming the blocks nobody serv
 from __future__ import annotations
 
 import json
+import time
 
 import openai
 import pytest
@@ -56,12 +57,19 @@ def test_a_request_over_the_swarms_limits_is_400_naming_the_limit(client, model_
 
 @pytest.fixture
 def half_served_api(start_servers, fresh_model, swarm, tmp_path):
-    """An API for a model whose blocks 2:4 nobody serves, answering 503 after 1 s of waiting."""
+    """An API for a model whose blocks 2:4 nobody serves, answering 503 after 1 s of waiting; yielded
+    once its view of the swarm has the server of 0:2 (a lookup may miss a record a server just stored,
+    and the API reads the DHT again every 10 s: asked until it has, for up to 120 s, a guard)."""
     start_servers([(0, 2)])
     api = start_api(fresh_model, tmp_path, "--timeout", "1", "--initial-peers", *swarm.initial_peers,
                     name="api-half-served")
-    yield api
-    api.stop()
+    try:
+        deadline = time.monotonic() + 120
+        while json.loads(api.get("/health")[2]).get("missing_blocks") != [2, 3] and time.monotonic() < deadline:
+            time.sleep(0.25)  # polling what the API reports, not waiting for it to happen
+        yield api
+    finally:
+        api.stop()
 
 
 def test_missing_blocks_are_503_naming_them(half_served_api, fresh_model):

@@ -7,17 +7,11 @@ from __future__ import annotations
 import openai
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 from .conftest import sample_value, scrape
 
 TOLERANCE = 1e-4
 PROMPTS = ["The swarm", "Scoring prompts through several servers", "né"]  # "é": two byte tokens
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_checkpoint):
-    return AutoTokenizer.from_pretrained(tiny_checkpoint)
 
 
 @pytest.fixture(scope="module")

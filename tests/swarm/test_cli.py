@@ -21,6 +21,9 @@ from bloompeer.peer.cli.local_swarm import BLOOMPEER_COMMAND, PeerProcess
 from .conftest import MARKER_ENV, processes_with_env
 
 CLI = [sys.executable, "-m", "bloompeer"]
+# a stopping server drains, says goodbye on the DHT and exits, each step bounded by the server itself;
+# past this it is SIGKILLed (exit code -9). A guard, generous for a loaded machine.
+STOP_GUARD_S = 60.0
 
 
 def _run(args, env=None, timeout=180):
@@ -201,7 +204,7 @@ def test_a_stable_identity_keeps_the_peer_id_across_restarts(swarm, tmp_path):
 
     def server_peer_id(run: int) -> str:
         server = swarm.add_server(0, 1, ["--identity-path", str(tmp_path / "server.key")], name=f"identity-{run}")
-        assert server.stop() == 0
+        assert server.stop(timeout_s=STOP_GUARD_S) == 0
         return server.peer_id_str
 
     with ThreadPoolExecutor(2) as pool:  # a bootstrap peer and a server at a time

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -61,7 +62,7 @@ def test_generation_survives_a_server_fault(fault, push, swarm, fresh_model, sta
         tokens, victim = _generate_with_fault(model, servers, lambda server: server.signal(getattr(signal, fault)))
     assert tokens.tolist() == fault_free.tolist() == expected.tolist()
     if fault == "SIGTERM":  # a graceful drain: the server exits by itself, cleanly, within its drain timeout
-        assert victim.wait_exit(30) == 0, victim.log_tail()
+        assert victim.wait_exit(60) == 0, victim.log_tail()
 
 
 def test_a_span_moved_next_to_its_own_server_is_pushed_on(swarm, fresh_model, start_servers, expected):
@@ -108,14 +109,23 @@ def test_generation_waits_for_a_replacement_server(swarm, fresh_model, start_ser
     assert tokens.tolist() == expected.tolist()
 
 
+# The client gives up after its recovery timeout (4 s here); a generation still running after this
+# long hangs. A guard, never a measure of how fast the error came.
+HANG_GUARD_S = 300
+
+
 def test_no_replacement_is_a_clear_error_in_time(swarm, fresh_model, start_servers):
+    """The client's recovery window ends the generation with an error, rather than waiting on."""
     servers = start_servers([(0, 2), (2, 4)])
-    started = []
-    with _client(swarm, fresh_model, recovery_timeout_s=4.0) as model:
-        with pytest.raises(MissingBlocksError, match=r"block\(s\) 0:2 of " + fresh_model.name):
-            _generate_with_fault(model, servers, lambda server: (started.append(time.monotonic()),
-                                                                 server.signal(signal.SIGKILL)))
-    assert time.monotonic() - started[0] < 30
+    generating = ThreadPoolExecutor(1)  # outside the client: closing the client ends a hung generation
+    try:
+        with _client(swarm, fresh_model, recovery_timeout_s=4.0) as model:
+            failing = generating.submit(_generate_with_fault, model, servers,
+                                        lambda server: server.signal(signal.SIGKILL))
+            with pytest.raises(MissingBlocksError, match=r"block\(s\) 0:2 of " + fresh_model.name):
+                failing.result(timeout=HANG_GUARD_S)
+    finally:
+        generating.shutdown()
 
 
 def test_num_blocks_fills_the_model_before_doubling_up(swarm, fresh_model, start_servers):

@@ -1,5 +1,9 @@
 """A hostile peer on the DHT: it cannot erase, overwrite or forge a server's record, nor get a
-malformed record accepted, nor hang an honest lookup."""
+malformed record accepted, nor hang an honest lookup.
+
+A lookup may miss a record now and then (it asks some of the peers, not all); a lookup that found
+none of the victim's records is asked again, up to LOOKUP_GUARD_S. What a lookup did find is what is
+asserted on, never that it found everything."""
 
 import asyncio
 
@@ -11,6 +15,7 @@ from hivemind.p2p import P2P
 from bloompeer.p2p import NetworkConfig, PeerNode, ServerState, block_key, get_dht_time
 
 TTL_S = 60
+LOOKUP_GUARD_S = 120.0
 
 
 @pytest.fixture
@@ -33,8 +38,13 @@ def _victim(swarm):
 
 
 async def _records_of(node, model_uid, peer_id_str):
-    servers = await node.directory.find_servers(model_uid, 4)
-    return [r for r in servers.get(0, []) if r.peer_id == peer_id_str]
+    """The victim's records under block 0, from a lookup that found some (asked again until one does)."""
+    deadline = asyncio.get_running_loop().time() + LOOKUP_GUARD_S
+    while True:
+        servers = await node.directory.find_servers(model_uid, 4)
+        records = [r for r in servers.get(0, []) if r.peer_id == peer_id_str]
+        if records or asyncio.get_running_loop().time() > deadline:
+            return records
 
 
 async def test_a_record_cannot_be_overwritten_or_forged(swarm, honest, attacker):
@@ -70,17 +80,24 @@ async def test_junk_from_a_node_without_validators_neither_hangs_nor_pollutes_lo
     """A rogue DHT node (no validators) keeps junk under the swarm's keys, including a value that
     hivemind cannot decode (int map keys); honest lookups still answer, with only valid records."""
     server, model_uid = _victim(swarm)
-    before = _announced(await honest.directory.find_servers(model_uid, 4))
+    victims = {(0, server.peer_id_str, ServerState.ONLINE), (1, server.peer_id_str, ServerState.ONLINE)}
     p2p = await P2P.create(initial_peers=list(swarm.initial_peers))
     rogue = await DHTNode.create(p2p=p2p, initial_peers=list(swarm.initial_peers))
     try:
         expiration = get_dht_time() + TTL_S
         for index, junk in enumerate([{3: "int keys"}, "not a record", {"peer_id": server.peer_id_str}]):
             await rogue.store(block_key(model_uid, index), junk, expiration, subkey=b"junk%d" % index)
-        after = _announced(await asyncio.wait_for(honest.directory.find_servers(model_uid, 4), 30))
-        assert (0, server.peer_id_str, ServerState.ONLINE) in after
-        # other tests' servers of the shared swarm may have expired in between, but nothing is added
-        assert after <= before
+        deadline = asyncio.get_running_loop().time() + LOOKUP_GUARD_S
+        while True:  # each lookup answers (30 s: a guard against a hang); asked again while it misses the victim
+            after = _announced(await asyncio.wait_for(honest.directory.find_servers(model_uid, 4), 30))
+            if victims <= after or asyncio.get_running_loop().time() > deadline:
+                break
+        # the victim's records as it announced them (blocks 0:2), none made of the junk naming it (block 2)
+        assert {found for found in after if found[1] == server.peer_id_str} == victims
+        # and every record found is a real server's of the shared swarm (other tests' included)
+        known = {process.peer_id_str for process in swarm.servers
+                 if any(line.startswith("/") for line in process.stdout)}
+        assert {peer for _, peer, _ in after} <= known
     finally:
         await rogue.shutdown()
         await p2p.shutdown()

@@ -42,7 +42,7 @@ def value(samples, name: str, **labels) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def wait_for(predicate, what: str, timeout_s: float = 20.0):
+def wait_for(predicate, what: str, timeout_s: float = 60.0):
     deadline = time.monotonic() + timeout_s
     while not (result := predicate()):
         assert time.monotonic() < deadline, f"{what}: not reached within {timeout_s:.0f} s"

@@ -18,7 +18,7 @@ from bloompeer.peer.client.runtime import ClientRuntime
 
 from .api_fakes import FakeModel, LetterTokenizer, SwarmWork, api_state
 
-HOLD_S = 10.0  # how long a decode waits for the loop to answer; only reached when the loop is the one decoding
+HOLD_S = 60.0  # how long a decode waits for the loop to answer; only reached when the loop is the one decoding
 
 
 class LoopWatch:

@@ -14,7 +14,7 @@ from bloompeer.peer.server.sessions import SessionRegistry
 from .conftest import SPAN_CONFIG as CONFIG
 
 
-async def _until(condition, timeout_s: float = 10.0) -> None:
+async def _until(condition, timeout_s: float = 60.0) -> None:
     """Wait until condition() holds, looking again every few milliseconds (no fixed sleep)."""
     async def poll():
         while not condition():
@@ -29,11 +29,11 @@ async def test_budget_waits_for_room_then_refuses_with_numbers():
     with pytest.raises(ProtocolError) as info:
         await budget.reserve(50, timeout_s=0.05)
     assert info.value.code is ErrorCode.BUSY and "asked for 5 tokens" in str(info.value) and "4 of 10" in str(info.value)
-    waiting = asyncio.create_task(budget.reserve(50, timeout_s=5))
+    waiting = asyncio.create_task(budget.reserve(50, timeout_s=600))  # a guard: room comes when released
     await _until(lambda: budget.waiting == 1)
     assert not waiting.done()
     await budget.release(60)
-    await asyncio.wait_for(waiting, 1)
+    await asyncio.wait_for(waiting, 30)
     assert budget.tokens_left == 5
     with pytest.raises(ProtocolError) as info:
         await budget.reserve(1000, timeout_s=5)  # can never fit: no waiting
@@ -68,6 +68,32 @@ async def test_registry_limits_sessions_per_peer_and_frees_on_close_and_expiry(s
     finally:
         reaper.cancel()
     assert expired == ["second"] and budget.used_bytes == 0 and not registry.sessions
+
+
+async def test_a_session_whose_step_is_under_way_is_not_idle(span):
+    """However long a step waits (here: its session's stepping lock held), its session is not closed
+    as idle; an idle one opened after it is, by the same look of the reaper."""
+    budget = CacheBudget(total_bytes=1000, bytes_per_token=10)
+    registry = SessionRegistry(budget, max_sessions_per_peer=2, session_timeout_s=0.2)
+    expired = asyncio.Event()
+
+    async def deliver(message):
+        pass
+
+    def make_cache():
+        return span.new_cache(0, 2, 1, 4, torch.float32)
+
+    stepping = await registry.open("peer-a", 100, 0, make_cache, lambda: None, deliver)
+    await stepping.stepping.acquire()
+    idle = await registry.open("peer-a", 100, 0, make_cache, expired.set, deliver)
+    reaper = asyncio.create_task(registry.expire_idle())
+    try:
+        await asyncio.wait_for(expired.wait(), 60)
+        assert registry.sessions == {stepping}  # idle longer than `idle`, yet kept
+        stepping.stepping.release()
+        stepping.touch()
+    finally:
+        reaper.cancel()
 
 
 def _session(span, batch, cached):

@@ -69,15 +69,15 @@ async def test_records_are_forgotten_once_expired():
 
 
 class CountedDirectory:
-    """The DHT, counting its reads; a read waits (up to 10 s) until `callers` refreshes have been asked
-    for, so that each of them has had the chance to start a read of its own."""
+    """The DHT, counting its reads; a read waits until `callers` refreshes have been asked for, so that
+    each of them has had the chance to start a read of its own (up to 60 s: a guard)."""
 
     def __init__(self, callers: int):
         self.reads, self.callers, self.asked = 0, callers, 0
 
     async def find_records(self, model_uid: str, num_model_blocks: int) -> dict[int, list[FoundRecord]]:
         self.reads += 1
-        for _ in range(1000):
+        for _ in range(6000):
             if self.asked >= self.callers:
                 break
             await asyncio.sleep(0.01)
@@ -104,7 +104,7 @@ def test_threads_refreshing_at_once_share_one_dht_read():
         for caller in callers:
             caller.start()
         for caller in callers:
-            caller.join(30)
+            caller.join(120)
     finally:
         runtime.shutdown()
     assert view.directory.reads == 1

@@ -1,11 +1,36 @@
-"""The server's choice of threads for small inference passes, from the passes' own times."""
+"""The server's choice of threads for small inference passes, from the passes' own times.
 
-import time
+The passes here take the times the test gives them (a fake clock, or recorded times), never what the
+machine's load makes of a sleep; and /proc/stat's idle ticks are the test's own readings."""
+
+import types
 
 from bloompeer.peer.server import thread_choice
 from bloompeer.peer.server.thread_choice import RETRY_EVERY, TRY_PASSES, ThreadChoice
 
 ROWS = 8
+
+
+class _Clock:
+    """thread_choice's `time` module, whose perf_counter moves only when a pass says so."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def pass_of(self, seconds: float):
+        """A pass that takes `seconds` on this clock."""
+        def advance():
+            self.now += seconds
+        return advance
+
+
+def _fake_clock(monkeypatch) -> _Clock:
+    clock = _Clock()
+    monkeypatch.setattr(thread_choice, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    return clock
 
 
 def _run(choice: ThreadChoice, passes: int, seconds: dict[int, float]) -> list[int]:
@@ -86,8 +111,11 @@ def _threads_of_this_thread() -> int:
     return torch.get_num_threads()
 
 
-async def test_the_compute_thread_measures_batched_passes_and_single_requests_apart(compute):
+async def test_the_compute_thread_measures_batched_passes_and_single_requests_apart(compute, monkeypatch):
     import torch
+
+    # no /proc/stat: a pass descheduled on a loaded machine must not judge the other cores busy here
+    monkeypatch.setattr(thread_choice, "_idle_ticks", lambda: None)
 
     cores = torch.get_num_threads()
     batched = [await compute.run(_threads_of_this_thread, rows=ROWS, decode=True, batched=True) for _ in range(2)]
@@ -103,27 +131,29 @@ async def test_the_compute_thread_measures_batched_passes_and_single_requests_ap
 def test_a_pass_on_one_thread_judges_the_other_cores_by_their_idle_ticks(monkeypatch):
     readings = iter([1000, 1000, 2000, 2004])  # busy: no idle tick in the pass; then free: 4 of ~6
     monkeypatch.setattr(thread_choice, "_idle_ticks", lambda: next(readings))
+    clock = _fake_clock(monkeypatch)
     choice = ThreadChoice(max_threads=2)
     choice._others_ticks_per_s = 100  # one other core, 100 ticks a second
-    choice.run(8, lambda: time.sleep(0.06))  # on one thread (untried), 6 of the other core's ticks
+    choice.run(8, clock.pass_of(0.06))  # on one thread (untried), 6 of the other core's ticks
     assert choice.others_free is False
     choice.record(8, 2, 0.001)  # two threads already measured faster: the next pass uses them
-    choice.run(8, lambda: time.sleep(0.06))  # and reads no /proc/stat (the readings would run out)
+    choice.run(8, clock.pass_of(0.06))  # and reads no /proc/stat (the readings would run out)
     for _ in range(3):
         choice.record(8, 2, 1.0)  # now slower than one thread, pass after pass
-    choice.run(8, lambda: time.sleep(0.06))
+    choice.run(8, clock.pass_of(0.06))
     assert choice.others_free is True
 
 
 def test_other_cores_turning_free_make_a_size_settled_on_one_thread_try_more_at_once(monkeypatch):
     readings = iter([1000, 1000, 2000, 2004])  # a busy one-thread pass, then a free one (4 idle ticks of ~6)
     monkeypatch.setattr(thread_choice, "_idle_ticks", lambda: next(readings))
+    clock = _fake_clock(monkeypatch)
     choice = ThreadChoice(max_threads=2)
     choice._others_ticks_per_s = 100  # one other core, 100 ticks a second
     _run(choice, 2, {1: 0.140, 2: 0.120})
     _run(choice, 8 * RETRY_EVERY, {1: 0.140, 2: 2.0})  # the other core got busy: one thread, tries lost
     assert choice.choose(ROWS) == 1
-    choice.run(ROWS, lambda: time.sleep(0.06))  # on one thread, the other core busy
+    choice.run(ROWS, clock.pass_of(0.06))  # on one thread, the other core busy
     assert choice.choose(ROWS) == 1
-    choice.run(ROWS, lambda: time.sleep(0.06))  # on one thread, the other core free again
+    choice.run(ROWS, clock.pass_of(0.06))  # on one thread, the other core free again
     assert [choice.choose(ROWS) for _ in range(TRY_PASSES)] == [2] * TRY_PASSES  # a try, not 128 passes later

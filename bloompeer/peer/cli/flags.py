@@ -110,6 +110,10 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="at most N sessions' steps share one pass (default: as many as fit in "
                             "--max-batch-tokens); 1 turns batching across sessions off (batched passes use the same "
                             "weights, no copy)")
+    group.add_argument("--batch-wait", type=non_negative_float, default=defaults.batch_wait_s, metavar="SECONDS",
+                       help="before a pass of inference steps, wait up to this long for it to fill (--max-batch-"
+                            "sessions steps, or --max-batch-tokens rows): fewer, fuller passes at the cost of each "
+                            "step's latency (default 0: a pass waits only, briefly, for the sessions of the last one)")
     group.add_argument("--max-step-tokens", type=positive_int, default=defaults.max_step_tokens, metavar="N",
                        help=f"rows (batch x tokens) one request may send ({defaults.max_step_tokens})")
     group.add_argument("--max-batch", type=positive_int, default=defaults.max_batch, metavar="N",
@@ -157,6 +161,7 @@ def server_config(args: argparse.Namespace):
         device=args.device, dtype=args.dtype, quant=args.quant, quant_group_size=args.quant_group_size,
         cache_tokens=args.cache_tokens, session_timeout_s=args.session_timeout,
         max_batch_tokens=args.max_batch_tokens, max_batch_sessions=args.max_batch_sessions,
+        batch_wait_s=args.batch_wait,
         max_step_tokens=args.max_step_tokens, max_length=args.max_length, max_batch=args.max_batch,
         max_sessions_per_peer=args.max_sessions_per_peer, max_frame_bytes=int(args.max_frame_mb * 2**20),
         throughput=args.throughput, quick_throughput=args.quick_throughput,

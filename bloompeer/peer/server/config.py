@@ -28,6 +28,7 @@ class ServerConfig:
     max_alloc_timeout_s: float = 60.0  # the longest an open waits for cache room, whatever the client asks
     max_batch_tokens: int = 2048  # rows (batch x tokens) in one pass; longer prefills run in chunks
     max_batch_sessions: int | None = None  # sessions whose steps share one pass (None: as many as fit; 1: no batching)
+    batch_wait_s: float = 0.0  # how long a pass of inference steps may wait to fill (0: only for the last pass's sessions)
     max_step_tokens: int = 65536  # rows (batch x tokens) in one request; more is refused
     max_sessions_per_peer: int = 16
     max_batch: int = 64  # rows per session

@@ -13,6 +13,12 @@ run alone and the others would queue behind it, and the sessions would stay spli
 that take turns. So before a pass, the scheduler waits briefly (a share of the previous pass's
 time, ending as soon as they are all in) for the sessions of the previous pass that have not sent
 their next step yet.
+
+A server may also be told to wait longer for fuller passes (`serve --batch-wait`, as TorchServe's
+maxBatchDelay): a pass of inference steps then waits up to that long for the pass to fill
+(`--max-batch-sessions` steps, or `--max-batch-tokens` rows), whichever sessions the steps are of.
+Fewer, fuller passes, at the cost of latency; and a pass that holds its sessions' steps until they
+are all in, whatever the machine's speed (tests/swarm/test_llama_family.py relies on it).
 """
 
 from __future__ import annotations
@@ -84,13 +90,17 @@ class Scheduler:
     """
 
     def __init__(self, span: BlockSpan, compute: ComputeWorker, max_batch_tokens: int, device: str,
-                 dtype: torch.dtype, max_batch_sessions: int | None = None, metrics: ServerMetrics | None = None):
+                 dtype: torch.dtype, max_batch_sessions: int | None = None, metrics: ServerMetrics | None = None,
+                 batch_wait_s: float = 0.0):
         """max_batch_sessions: at most this many requests share a pass (None: as many as fit in
-        max_batch_tokens; 1 turns cross-session batching off, for comparison)."""
+        max_batch_tokens; 1 turns cross-session batching off, for comparison). batch_wait_s: how long
+        a pass of inference steps may wait to fill (0: only the brief wait for the previous pass's sessions)."""
         self.span, self.compute, self.max_batch_tokens = span, compute, max_batch_tokens
         if max_batch_sessions is not None and max_batch_sessions < 1:
             raise ValueError(f"max_batch_sessions must be at least 1, got {max_batch_sessions}")
-        self.max_batch_sessions = max_batch_sessions
+        if batch_wait_s < 0:
+            raise ValueError(f"batch_wait_s must not be negative, got {batch_wait_s}")
+        self.max_batch_sessions, self.batch_wait_s = max_batch_sessions, batch_wait_s
         self.metrics = metrics or ServerMetrics()
         self.device, self.dtype = device, dtype
         self._queue: list[_Work] = []
@@ -199,17 +209,21 @@ class Scheduler:
 
     async def _gather(self) -> None:
         """Wait (briefly) for the sessions of the previous pass of the first work's group that have
-        not sent their next step yet, while the pass they would join has room for them."""
+        not sent their next step yet, while the pass they would join has room for them; with
+        batch_wait_s, wait up to that long for the pass to fill, whoever's steps fill it."""
         first = self._queue[0]
-        previous = self._last_pass.get(first.group) if first.segment is not None else None
-        if previous is None or self.max_batch_sessions == 1:
+        if first.segment is None or self.max_batch_sessions == 1:
             return
-        sessions, duration_s = previous
-        deadline = time.perf_counter() + GATHER_SHARE * duration_s
-        while True:
+        previous = self._last_pass.get(first.group)
+        if previous is None and not self.batch_wait_s:
+            return
+        sessions, duration_s = previous or (frozenset(), 0.0)
+        deadline = time.perf_counter() + max(GATHER_SHARE * duration_s, self.batch_wait_s)
+        while not self._stopped:
             queued = [work for work in self._queue if work.group == first.group]
-            full = sum(work.rows for work in queued) >= self.max_batch_tokens or len(queued) == self.max_batch_sessions
-            if full or sessions <= {work.session for work in queued}:
+            full = (sum(work.rows for work in queued) >= self.max_batch_tokens
+                    or len(queued) >= (self.max_batch_sessions or float("inf")))
+            if full or (not self.batch_wait_s and sessions <= {work.session for work in queued}):
                 return
             left_s = deadline - time.perf_counter()
             if left_s <= 0:
@@ -247,6 +261,7 @@ class Scheduler:
                 work.future.set_exception(_moved_away())
         self._queue.clear()
         self._ready.set()
+        self._arrived.set()  # a pass being gathered is not waited for any longer
         await self._idle.wait()
 
     async def run(self) -> None:

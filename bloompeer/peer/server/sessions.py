@@ -1,7 +1,9 @@
 """Open inference sessions: their caches, who owns them, and when they are freed.
 
 A session is freed when its client closes it, when its stream ends (the client went away), and
-after `session_timeout_s` without a step, so an abandoned session never holds memory for long.
+after `session_timeout_s` without a step, so an abandoned session never holds memory for long. A
+session with a step being checked or computed is not idle, however long the step waits in a busy
+server's queue.
 """
 
 from __future__ import annotations
@@ -94,11 +96,13 @@ class SessionRegistry:
         await self.budget.release(session.nbytes)
 
     async def expire_idle(self) -> None:
-        """Every few seconds, end sessions idle for longer than the timeout (run as a task)."""
+        """Every few seconds, end sessions idle for longer than the timeout (run as a task); not one
+        whose step is under way (it touches the session when done)."""
         while True:
             await asyncio.sleep(min(5.0, self.session_timeout_s / 2))
             now = time.monotonic()
-            for session in [s for s in self.sessions if now - s.last_active > self.session_timeout_s]:
+            for session in [s for s in self.sessions
+                            if now - s.last_active > self.session_timeout_s and not s.stepping.locked()]:
                 # a prefix of its id: the whole id lets whoever reads it push steps into the session
                 logger.info("Closing session %s of %s: idle for over %.0f s", session.id[:8], session.peer_id_str,
                             self.session_timeout_s)

@@ -39,7 +39,7 @@ class SpanService:
         logger.info("Attention cache: %d tokens (%.1f MiB)", self.budget.tokens_left, cache_bytes / 2**20)
         self.registry = SessionRegistry(self.budget, config.max_sessions_per_peer, config.session_timeout_s)
         self.scheduler = Scheduler(span, compute, config.max_batch_tokens, config.device, dtype,
-                                   config.max_batch_sessions, metrics)
+                                   config.max_batch_sessions, metrics, config.batch_wait_s)
         self.backend = SpanBackend(span, model_uid, config, self.registry, self.scheduler,
                                    accepting=lambda: not self.retired and accepting(), metrics=metrics)
         self._tasks = [asyncio.create_task(self.scheduler.run(), name="bloompeer-scheduler"),
