@@ -10,13 +10,13 @@ from .families import FAMILIES, family_for_model_type, served_model_types
 from .family import ClientParts, ModelFamily
 from .kv_cache import SessionCache, token_positions
 from .quantized_linear import (
-    check_int4_shape, check_kernels, int8_weight_only_on, quantize_block, stored_weight_nbytes,
+    check_int4_shape, check_kernels, int8_cuda_arithmetic_on, quantize_block, stored_weight_nbytes,
 )
 from .rope import ROPE_TYPES
 from .span import BlockSpan, Segment
 
 __all__ = [
     "BlockSpan", "Checkpoint", "CheckpointError", "ClientParts", "FAMILIES", "ModelFamily", "ROPE_TYPES", "Segment",
-    "SessionCache", "check_int4_shape", "check_kernels", "family_for_model_type", "int8_weight_only_on",
+    "SessionCache", "check_int4_shape", "check_kernels", "family_for_model_type", "int8_cuda_arithmetic_on",
     "open_checkpoint", "quantize_block", "served_model_types", "stored_weight_nbytes", "token_positions",
 ]

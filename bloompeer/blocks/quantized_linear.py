@@ -7,14 +7,15 @@ with other work; `python benchmarks/quantization.py`): one row 343 us with float
 118-129 us with 4-bit weights; eight rows 1487 and 409-420 us. A long prefill gains less (512
 rows: 43.4 ms float32 with MKL, 19.2 through oneDNN, 26-28 with 4-bit weights).
 
-What is computed, int8, on the CPU: each row of the input is rounded to int8 steps of its own scale
-(max |x| / 127), multiplied by the int8 weight in integers (torch._int_mm, exact), then scaled by
-both scales in float32: F.linear(round_int8(x), W_deq) plus the bias, up to float32 roundings. Why
-not the weight-only int8 kernel (torch._weight_int8pack_mm): on the CPU it is bound by its
-arithmetic (one row of the 1024x4096 layer: 297 us on one thread and 149 on two, against 186 and 88
-for _int_mm and 615 and 323 for float32). Quality holds: the demo model's held-out perplexity
-31.139 through a swarm (float32 31.165). A row's scale is its own, so a row's result does not
-depend on the others in a batch.
+What is computed, int8, on the CPU: PyTorch's weight-only int8 kernel (torch._weight_int8pack_mm):
+the input rounded to bfloat16, summed against the int8 weight in float32, times each output
+channel's scale, rounded to bfloat16: bf16(F.linear(bf16(x), q) * scale), then back to the
+activations' dtype and plus the bias. A row's result does not depend on the other rows of a pass.
+Why this kernel and not the rows rounded to int8 through torch._int_mm (exact integer products):
+_int_mm is fast only on CPUs with VNNI. On this project's AMD EPYC VMs (AVX2, no VNNI), one row of
+a 1024x4096 layer on one thread took 3.55 ms through _int_mm and 0.48 ms through this kernel,
+against 1.34 ms for float32 (8 rows: 47 ms, 1.8 and 8.0; 512 rows: 2.5 s, 146 and 131 ms); on an
+AVX-512 machine of an earlier run, 186 us through _int_mm and 297 through this kernel, against 615.
 
 What is computed, int8, on CUDA: F.linear(x, q) in the activations' dtype, then each output
 channel times its scale: W_deq without its rounding of the input, two elementwise passes and one
@@ -25,8 +26,8 @@ plain loop, one thread per output: 310 us for a 4096x14336 layer, 66 ms for 512 
 44 for bfloat16 F.linear. Its result is closer to float32's than the CPU's (relative error
 4.5e-3 against 9e-3 per layer), but it is not the CPU's: the same span in bfloat16 differed by
 2.0-3.0 % on the H200 and on the CPU, at verification's 3 % tolerance, so verification compares
-int8 servers only with servers on the same kind of device (ServerRecord.arithmetic), and a
-client checking a CUDA server on its CPU computes CUDA's way (Int8Linear's weight_only).
+int8 servers only with servers on the same kind of device (WeightFormat.arithmetic), and a
+client checking a CUDA server on its CPU computes CUDA's way (Int8Linear's cuda_arithmetic).
 
 What is computed, 4-bit: the matmul's input is rounded to bfloat16 (the weight-only kernels' fast
 path: with float32 activations the 4-bit one took 6.4 ms a row), the kernel accumulates in float32
@@ -59,7 +60,7 @@ from torch import nn
 from ..weight_format import DEFAULT_GROUP_SIZE, INT4_GROUP_SIZES, QUANT_KINDS, WeightFormat
 
 __all__ = [
-    "Int4Linear", "Int8Linear", "QuantizedLinear", "check_int4_shape", "check_kernels", "int8_weight_only_on",
+    "Int4Linear", "Int8Linear", "QuantizedLinear", "check_int4_shape", "check_kernels", "int8_cuda_arithmetic_on",
     "quantize_block", "quantize_linears", "stored_weight_nbytes",
 ]
 
@@ -108,32 +109,30 @@ class QuantizedLinear(nn.Module):
 
 
 class Int8Linear(QuantizedLinear):
-    """int8 weights, one scale per output channel (symmetric): times int8 rows, one scale per row,
-    through torch._int_mm on the CPU; times the rows as they are on CUDA (module docstring).
-    weight_only: compute CUDA's way wherever the layer is (a client checking a CUDA server's output
-    on its CPU); None: the way of the device the weight is on, so quantize after moving, as for 4-bit."""
+    """int8 weights, one scale per output channel (symmetric), computed by the CPU's weight-only kernel
+    on bfloat16 rows, or CUDA's way on CUDA (module docstring). cuda_arithmetic: compute CUDA's way
+    wherever the layer is (a client checking a CUDA server's output on its CPU); None: the way of the
+    device the weight is on, so quantize after moving, as for 4-bit."""
 
-    def __init__(self, linear: nn.Linear, weight_only: bool | None = None):
+    def __init__(self, linear: nn.Linear, cuda_arithmetic: bool | None = None):
         super().__init__(linear.in_features, linear.out_features, linear.bias)
-        self.weight_only = int8_weight_only_on(linear.weight.device) if weight_only is None else weight_only
+        on_cuda = int8_cuda_arithmetic_on(linear.weight.device)
+        self.cuda_arithmetic = on_cuda if cuda_arithmetic is None else cuda_arithmetic
         weight = linear.weight.detach().float()
         scales = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny).to(_KERNEL_DTYPE)
         quantized = torch.round(weight / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8)
-        self.register_buffer("weight_int8", quantized)  # [out, in]
+        self.register_buffer("weight_int8", quantized.contiguous())  # [out, in]
         self.register_buffer("scales", scales)  # [out]
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.weight_only_matmul(rows) if self.weight_only else self.integer_matmul(rows)
+        return self.cuda_matmul(rows) if self.cuda_arithmetic else self.cpu_matmul(rows)
 
-    def integer_matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        """The CPU's arithmetic: rows rounded to int8, an exact integer product, both scales in float32."""
-        rows32 = rows.float()
-        row_scales = rows32.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny) / 127
-        quantized = torch.round(rows32 / row_scales).to(torch.int8)
-        products = torch._int_mm(quantized, self.weight_int8.t())  # [in, out] column-major: no copy
-        return (products.float() * row_scales * self.scales.float()).to(rows.dtype)
+    def cpu_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        """The CPU's arithmetic: bf16(F.linear(bf16(rows), q) * scale), in the rows' dtype."""
+        packed = torch._weight_int8pack_mm(rows.to(_KERNEL_DTYPE).contiguous(), self.weight_int8, self.scales)
+        return packed.to(rows.dtype)
 
-    def weight_only_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+    def cuda_matmul(self, rows: torch.Tensor) -> torch.Tensor:
         """CUDA's arithmetic: the integer weights in the rows' dtype (exact: |q| <= 127), one GEMM, then
         the output channels' scales; few launches, which bound a small layer's time on a GPU."""
         return F.linear(rows, self.weight_int8.to(rows.dtype)).mul_(self.scales)
@@ -142,8 +141,8 @@ class Int8Linear(QuantizedLinear):
         return (self.weight_int8.float() * self.scales.float()[:, None]).to(dtype)
 
 
-def int8_weight_only_on(device: torch.device | str) -> bool:
-    """Whether int8 computes weight-only (CUDA's way, module docstring) on this kind of device."""
+def int8_cuda_arithmetic_on(device: torch.device | str) -> bool:
+    """Whether int8 computes CUDA's way (module docstring) on this kind of device."""
     return torch.device(device).type == "cuda"
 
 
@@ -306,11 +305,11 @@ class _QuantizedMatmul(torch.autograd.Function):
 
 
 def quantize_linears(block: nn.Module, kind: str, group_size: int = DEFAULT_GROUP_SIZE,
-                     int8_weight_only: bool | None = None) -> int:
+                     int8_cuda_arithmetic: bool | None = None) -> int:
     """Replace, in place, every nn.Linear inside `block` by its `kind` form ("none" leaves them);
     returns the bytes saved. Meant for one block at a time, so that a loader never holds the float
     weights of a whole span: each layer's float weight is freed as it is replaced (where nothing
-    else refers to it). int8_weight_only: as Int8Linear's weight_only."""
+    else refers to it). int8_cuda_arithmetic: as Int8Linear's cuda_arithmetic."""
     if kind not in QUANT_KINDS:
         raise ValueError(f"unknown weight format {kind!r}: one of {', '.join(QUANT_KINDS)}")
     if kind == "none":
@@ -320,7 +319,7 @@ def quantize_linears(block: nn.Module, kind: str, group_size: int = DEFAULT_GROU
         for name, child in list(parent.named_children()):
             if not isinstance(child, nn.Linear):
                 continue
-            quantized = Int8Linear(child, int8_weight_only) if kind == "int8" else Int4Linear(child, group_size)
+            quantized = Int8Linear(child, int8_cuda_arithmetic) if kind == "int8" else Int4Linear(child, group_size)
             saved += child.weight.nbytes - quantized.weight_nbytes
             setattr(parent, name, quantized)
     return saved
@@ -334,7 +333,7 @@ def quantize_block(block: nn.Module, weights: WeightFormat) -> None:
     where the block is not (a client's CPU checking a CUDA server)."""
     if not weights.quantized:
         return
-    quantize_linears(block, weights.quant, weights.group_size, int8_weight_only_on(weights.device))
+    quantize_linears(block, weights.quant, weights.group_size, int8_cuda_arithmetic_on(weights.device))
     _own_memory(block)
     _release_freed_memory()
 

@@ -59,8 +59,8 @@ def test_int8_blocks_compute_as_the_checked_servers_device_does(tiny_checkpoint)
     the client recomputes a CUDA server's span CUDA's way, and a CPU server's the CPU's."""
     local = LocalBlocks(open_checkpoint(tiny_checkpoint))
     hidden = torch.randn(1, 3, 64)
-    for device, weight_only in [("cuda", True), ("cpu", False)]:
+    for device, cuda_arithmetic in [("cuda", True), ("cpu", False)]:
         arithmetic = WeightFormat("int8", device=device)
         local.forward(0, 2, hidden, None, None, arithmetic)
         layers = [m for m in local._spans[(0, 2, arithmetic)].modules() if isinstance(m, Int8Linear)]
-        assert layers and all(layer.weight_only == weight_only for layer in layers)
+        assert layers and all(layer.cuda_arithmetic == cuda_arithmetic for layer in layers)

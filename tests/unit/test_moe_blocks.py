@@ -136,9 +136,12 @@ def test_quantized_experts_hold_nearly_all_the_bytes_and_compute_close_to_float(
     mlp = quantized.blocks[-1].feed_forward
     assert not any(isinstance(layer, nn.Linear) for layer in quantized.modules())  # every layer quantized
     assert type(mlp._modules[mlp.router_name]).__name__ == "Router"  # the router is not
-    hidden = torch.randn(2, 6, 64, generator=torch.Generator().manual_seed(1))
-    expected = spans[1](hidden, start=3, end=4)
-    error = float((quantized(hidden, start=3, end=4) - expected).norm() / expected.norm())
-    # one block of random weights (std 0.15, 4-bit's worst case), a token's experts picked anew: measured
-    # 0.013-0.046 (int8) and 0.12-0.28 (int4); a kernel computing something else shows 1 or more
-    assert error < (0.1 if weights.quant == "int8" else 0.5), error
+    errors = []
+    for seed in range(3):
+        hidden = torch.randn(2, 6, 64, generator=torch.Generator().manual_seed(seed))
+        expected = spans[1](hidden, start=3, end=4)
+        errors.append(float((quantized(hidden, start=3, end=4) - expected).norm() / expected.norm()))
+    # one block of random weights (std 0.15, 4-bit's worst case): measured 0.009-0.014 (int8) and 0.12-0.18
+    # (int4), and up to 0.11 and 0.28 where a token's experts are picked otherwise than in float (one
+    # input in three, hence the median); a kernel computing something else shows 1 or more
+    assert sorted(errors)[1] < (0.05 if weights.quant == "int8" else 0.3), errors

@@ -77,7 +77,7 @@ def kernel_dequantized(layer: QuantizedLinear, weight: torch.Tensor) -> torch.Te
     return hand_dequantized(layer, weight)
 
 
-INT8_ARITHMETIC = "int8-weight-only" if ON_CUDA else "int8-rows"  # what Int8Linear computes on DEVICE
+INT8_ARITHMETIC = "int8-cuda" if ON_CUDA else "int8-cpu"  # what Int8Linear computes on DEVICE
 
 
 def arithmetic(kind: str) -> str:
@@ -86,13 +86,10 @@ def arithmetic(kind: str) -> str:
 
 
 def hand_output(rows: torch.Tensor, dequantized: torch.Tensor, bias: torch.Tensor, how: str) -> torch.Tensor:
-    """int8-rows (the CPU's int8): each row rounded to int8 steps of its own scale (max |x| / 127),
-    float32 product; int8-weight-only (CUDA's): the float32 product with the dequantized weight;
-    int4: bfloat16 input, float32 product rounded to bfloat16 as the kernel's output is. Plus the
-    bias; the roundings pass gradients straight through, as the layer's backward does."""
-    if how == "int8-rows":
-        output = F.linear(_int8_rows_rounded(rows), dequantized)
-    elif how == "int8-weight-only":
+    """int8-cpu and int4: bfloat16 input, float32 product rounded to bfloat16 as the kernels' output is;
+    int8-cuda: the float32 product with the dequantized weight. Plus the bias; the roundings pass
+    gradients straight through, as the layer's backward does."""
+    if how == "int8-cuda":
         output = F.linear(rows.float(), dequantized)
     else:
         output = _bfloat16_rounded(F.linear(_bfloat16_rounded(rows), dequantized))
@@ -103,30 +100,22 @@ def _bfloat16_rounded(values: torch.Tensor) -> torch.Tensor:
     return values + (values.bfloat16().float() - values).detach()
 
 
-def _int8_rows_rounded(values: torch.Tensor) -> torch.Tensor:
-    scales = values.abs().amax(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
-    return values + (torch.round(values / scales) * scales - values).detach()
-
-
 def assert_within_derived_bound(ours, hand, rows, dequantized, how):
-    """int8-rows: the integer sum is exact, then converted and scaled twice (3 roundings of u = 2^-24);
-    the hand side rounds q * scale and each product and sum (2 gamma_K + 2u of sum |x||w|).
-    int8-weight-only: both sides sum in float32 in different orders (2 gamma_K), the hand side's
-    q * scale is rounded (u), and ours scales its sum (u). Outputs in bfloat16 (int8 only) add their
-    roundings: 2^-9 each, one for int8-rows and two for int8-weight-only (its sum, then scaled)."""
+    """int8-cpu and int4: both sides sum the bfloat16 inputs in float32 in different orders (2 gamma_K),
+    the hand side's q * scale is rounded and ours scales its sum (int8-cpu: 2u), and both round to
+    bfloat16 (2^-9 each). int8-cuda: both sides sum in float32 in different orders (2 gamma_K), the
+    hand side's q * scale is rounded (u), and ours scales its sum (u); outputs in bfloat16 add their
+    two roundings (its sum, then scaled)."""
     terms, u = rows.shape[-1], 2**-23 if ON_CUDA else 2**-24
     gamma = terms * u / (1 - terms * u)
-    in_bfloat16 = ours.dtype == torch.bfloat16 and how != "int4"
+    in_bfloat16 = ours.dtype == torch.bfloat16 and how == "int8-cuda"
     rows, ours = rows.float(), ours.float()
-    if how == "int8-rows":
-        magnitude = F.linear(_int8_rows_rounded(rows).abs(), dequantized.abs())
-        bound = (2 * gamma + 2 * u) * magnitude + (2**-9 if in_bfloat16 else 4 * u) * (ours.abs() + hand.abs())
-    elif how == "int8-weight-only":
+    if how == "int8-cuda":
         magnitude = F.linear(rows.abs(), dequantized.abs())
         bound = (2 * gamma + u) * magnitude + (2**-8 if in_bfloat16 else 2 * u) * (ours.abs() + hand.abs())
     else:
         magnitude = F.linear(rows.bfloat16().float().abs(), dequantized.abs())
-        bound = 2 * gamma * magnitude + (2**-8 + 2**-23) * (ours.abs() + hand.abs())
+        bound = (2 * gamma + 2 * u) * magnitude + (2**-8 + 2**-23) * (ours.abs() + hand.abs())
     excess = (ours - hand).abs() - bound
     assert excess.max() <= 0, f"{(excess > 0).sum()} outputs beyond the bound, worst by {excess.max():.3g}"
 
@@ -155,17 +144,15 @@ def test_output_is_the_same_arithmetic_done_by_hand(float_layer, kind, group_siz
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("how", ["int8-rows", "int8-weight-only"])
+@pytest.mark.parametrize("how", ["int8-cpu", "int8-cuda"])
 @torch.no_grad()
 def test_each_int8_arithmetic_is_the_one_done_by_hand(float_layer, how, dtype):
-    """Both, wherever the tests run (CUDA's too in CI): the CPU's through _int_mm, CUDA's weight-only."""
-    if ON_CUDA and how == "int8-rows":
-        pytest.skip("the CPU's arithmetic: CUDA's _int_mm takes no fewer than 17 rows")
+    """Both, wherever the tests run (CUDA's too in CI): the CPU's weight-only kernel, CUDA's GEMM."""
     layer = Int8Linear(float_layer)
     dequantized = hand_dequantized(layer, float_layer.weight)
     torch.manual_seed(1)
     rows = torch.randn(8, IN_FEATURES).to(DEVICE, dtype)
-    matmul = layer.integer_matmul if how == "int8-rows" else layer.weight_only_matmul
+    matmul = layer.cpu_matmul if how == "int8-cpu" else layer.cuda_matmul
     ours = matmul(rows)
     assert ours.dtype == dtype
     hand = hand_output(rows.float(), dequantized, None, how)
@@ -241,15 +228,15 @@ def test_int8_computes_as_its_device_does_unless_told_to_compute_as_cuda(float_l
     """A client checking a CUDA server's int8 output on its CPU computes CUDA's way (verification.py)."""
     block = nn.Sequential(copy.deepcopy(float_layer))
     quantize_linears(block, "int8")
-    assert block[0].weight_only == ON_CUDA
+    assert block[0].cuda_arithmetic == ON_CUDA
     as_cuda = nn.Sequential(copy.deepcopy(float_layer))
-    quantize_linears(as_cuda, "int8", int8_weight_only=True)
+    quantize_linears(as_cuda, "int8", int8_cuda_arithmetic=True)
     rows = torch.randn(3, IN_FEATURES, device=DEVICE)
-    assert as_cuda[0].weight_only and torch.equal(as_cuda[0].matmul(rows), as_cuda[0].weight_only_matmul(rows))
-    for device, weight_only in (("cuda", True), ("cpu", False)):  # the one hook of servers and clients alike
+    assert as_cuda[0].cuda_arithmetic and torch.equal(as_cuda[0].matmul(rows), as_cuda[0].cuda_matmul(rows))
+    for device, cuda_arithmetic in (("cuda", True), ("cpu", False)):  # the one hook of servers and clients alike
         block = nn.Sequential(copy.deepcopy(float_layer))
         quantize_block(block, WeightFormat("int8", device=device))
-        assert block[0].weight_only is weight_only
+        assert block[0].cuda_arithmetic is cuda_arithmetic
 
 
 def test_4bit_weights_refuse_to_run_on_another_device_than_they_were_packed_for(float_layer):

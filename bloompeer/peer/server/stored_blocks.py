@@ -17,7 +17,7 @@ from functools import cached_property
 import torch
 from torch import nn
 
-from ...blocks import Checkpoint, check_int4_shape, check_kernels, int8_weight_only_on, stored_weight_nbytes
+from ...blocks import Checkpoint, check_int4_shape, check_kernels, int8_cuda_arithmetic_on, stored_weight_nbytes
 from ...weight_format import WeightFormat
 
 __all__ = ["StoredBlocks"]
@@ -63,7 +63,7 @@ class StoredBlocks:
         """Bytes of weights copied to compute with, beside the stored ones: int8 on CUDA computes each
         layer from its weight in the dtype, made for that layer and freed after it (one at a time, so
         the largest layer's); nothing otherwise."""
-        if self.weights.quant != "int8" or not int8_weight_only_on(self.weights.device):
+        if self.weights.quant != "int8" or not int8_cuda_arithmetic_on(self.weights.device):
             return 0
         element = getattr(torch, self.weights.dtype).itemsize
         return max(layer.in_features * layer.out_features for block in self._blocks for layer in _linears(block)) \
