@@ -41,6 +41,8 @@ def attention_with_sinks(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     (no copy of the past), which changes no single dot product."""
     batch, heads, num_new, head_dim = query.shape
     kv_heads, kv_length = key.shape[1], key.shape[2]
+    if key.shape[2] == num_new:  # no cache: the keys are this step's own, laid out as transformers' repeat_kv
+        key = key.contiguous()  # lays them out (the product's bits follow the layout); no past is copied
     folded = query.reshape(batch, kv_heads, heads // kv_heads * num_new, head_dim)
     scores = torch.matmul(folded, key.transpose(2, 3)).view(batch, heads, num_new, kv_length) * scale + key_bias
     combined = torch.cat([scores, sinks.reshape(1, -1, 1, 1).expand(batch, -1, num_new, -1)], dim=-1)

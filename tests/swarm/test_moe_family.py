@@ -19,11 +19,12 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList, Mxfp4Config
 
 from bloompeer import AutoDistributedModelForCausalLM, ClientConfig, DistributedLlamaForCausalLM, NetworkConfig
 from bloompeer.peer.cli.local_swarm import stop_in_parallel
@@ -33,7 +34,10 @@ from bloompeer.weight_format import WeightFormat
 
 from ..api.conftest import start_api
 from ..conftest import MOE_FAMILY
+from ..helpers.mxfp4 import write_mxfp4_checkpoint
 from .conftest import AtCall
+from .test_llama_family import BATCH_WAIT_S, SESSIONS
+from .test_server_metrics import scrape, value
 
 PROMPT = torch.tensor([[1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]])  # 11 tokens: past every window
 PADDED = torch.tensor([[0, 0, 0, 50, 51, 52, 53, 54, 55], [60, 61, 62, 63, 64, 65, 66, 67, 68]])
@@ -247,6 +251,45 @@ def test_a_server_killed_mid_generation_is_replayed_around(start_servers, swarm,
                                logits_processor=LogitsProcessorList([AtCall(4, kill_the_first_span)]))
     assert victims and victims[0].process.wait(timeout=30) != 0
     assert tokens.tolist() == expected.tolist()
+
+
+@torch.inference_mode()
+def test_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, swarm, own_qwen3_moe, references):
+    """Eight sessions of different prompt lengths through one server whose every pass waits until it holds a
+    step of each (`--max-batch-sessions 8 --batch-wait`, as test_llama_family's): their rows are grouped by
+    expert together, each routed on its own, and each session's tokens equal transformers' alone."""
+    reference = references("qwen3_moe")
+    (server,) = start_servers([(0, 4)], "--metrics-port", "0", "--max-batch-sessions", str(SESSIONS),
+                              "--batch-wait", str(BATCH_WAIT_S), model=own_qwen3_moe)
+    url = next(line for line in server.stdout if line.startswith("metrics: ")).split(" ", 1)[1]
+    generator = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(4, 250, (1, 4 + i), generator=generator) for i in range(SESSIONS)]
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)  # steps in rounds of 8
+    expected = [reference.generate(p, **kwargs).tolist() for p in prompts]
+    before = scrape(url)
+    config = _client_config(swarm, request_timeout_s=2.0 * BATCH_WAIT_S)
+    with AutoDistributedModelForCausalLM.from_pretrained(own_qwen3_moe, client_config=config) as ours:
+        with ThreadPoolExecutor(SESSIONS) as pool:
+            together = list(pool.map(lambda prompt: ours.generate(prompt, **kwargs).tolist(), prompts))
+    after = scrape(url)
+    assert together == expected
+    passes = value(after, "bloompeer_server_batch_size_count") - value(before, "bloompeer_server_batch_size_count")
+    requests = value(after, "bloompeer_server_batch_size_sum") - value(before, "bloompeer_server_batch_size_sum")
+    assert passes >= NEW_TOKENS and requests == SESSIONS * passes, f"{requests:.0f} requests in {passes:.0f} passes"
+
+
+@torch.inference_mode()
+def test_gpt_oss_served_from_its_mxfp4_checkpoint_generates_as_transformers_loads_it(start_servers, swarm,
+                                                                                   moe_checkpoints, tmp_path):
+    """The hub's layout (experts as MXFP4 *_blocks and *_scales): servers dequantize them as each block loads;
+    the tokens equal those of transformers' model loaded from the same files (its own dequantization)."""
+    path = write_mxfp4_checkpoint(moe_checkpoints["gpt_oss"], tmp_path / f"gpt-oss-mxfp4-{time.monotonic_ns() % 10**8}")
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, experts_implementation="grouped_mm",
+                                                     quantization_config=Mxfp4Config(dequantize=True)).eval()
+    start_servers([(0, 2), (2, 4)], model=path)
+    kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False)
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm)) as ours:
+        assert ours.generate(PROMPT, **kwargs).tolist() == reference.generate(PROMPT, **kwargs).tolist()
 
 
 @torch.inference_mode()
