@@ -87,7 +87,10 @@ class SwarmClient:
         verifier = None
         if config.verify_fraction > 0:
             local = LocalBlocks(checkpoint) if checkpoint.local_dir is not None else None
-            verifier = OutputVerifier(node.p2p, view, config, local)
+            model_config = checkpoint.config()
+            experts = checkpoint.family.span_class.experts_of(model_config)
+            verifier = OutputVerifier(node.p2p, view, config, local,
+                                      routed_blocks=[index for index, (count, _) in enumerate(experts) if count])
         return cls(runtime, node, view, config, verifier)
 
     def open_session(self, max_length: int) -> InferenceSession:
