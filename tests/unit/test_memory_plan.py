@@ -13,6 +13,7 @@ from bloompeer.peer.cli.default_model import DEMO_MODEL_DIR, write_random_checkp
 from bloompeer.peer.server import memory_plan
 from bloompeer.peer.server import server as server_module
 from bloompeer.peer.server.config import ServerConfig
+from bloompeer.peer.server.cache_budget import CacheBudget
 from bloompeer.peer.server.memory_plan import WORKING_BYTES, MemoryPlanError, available_bytes, plan_memory
 from bloompeer.peer.server.metrics import ServerMetrics
 from bloompeer.peer.server.span_service import SpanService
@@ -63,7 +64,10 @@ def test_blocks_are_counted_as_stored(checkpoint, memory):
     assert none.copy_bytes == 0  # batched passes read the weights themselves
     assert none.fixed_bytes == RSS + WORKING_BYTES and none.available_bytes == 10_000 * MIB + RSS
     assert none.total_bytes == 6 * block + none.cache_bytes + RSS + WORKING_BYTES
-    assert none.cache_bytes == 1024 * 6 * _token_bytes(checkpoint) >= 1024 * 6 * 2 * 4 * 256  # keys, values: 6 blocks
+    assert none.cache_bytes >= 1024 * 6 * 2 * 4 * 256  # keys and values of 6 blocks
+    with torch.device("meta"):
+        span = checkpoint.family.span_class(checkpoint.config(), 0, 6)
+    assert CacheBudget(none.cache_bytes, span.cache_nbytes(6, 1, 1, torch.float32)).tokens_left == 1024  # as asked
     assert "as int4 (groups of 64)" in str(int4) and "fixed overhead" in str(int4)
 
 

@@ -118,7 +118,7 @@ def plan_memory(config: ServerConfig, checkpoint: Checkpoint, wanted: range | in
     fixed = (rss_bytes() if on_cpu else 0) + WORKING_BYTES
     copy = stored.working_copy_nbytes()
     available = available_bytes(config.device) + (fixed - WORKING_BYTES)
-    token_bytes = _token_bytes(checkpoint, config.torch_dtype)  # one token's cache over one block
+    token_bytes = _token_bytes(checkpoint, config.torch_dtype, 1)  # one token's cache over one block
     if wanted is None:
         wanted = _count_that_fits(config, stored, available - fixed - copy, token_bytes)
     if isinstance(wanted, range):
@@ -127,8 +127,8 @@ def plan_memory(config: ServerConfig, checkpoint: Checkpoint, wanted: range | in
     else:
         weights_bytes, num_blocks = stored.largest_span_nbytes(wanted), wanted
         float_bytes = StoredBlocks(checkpoint, _float(config)).largest_span_nbytes(wanted)
-    if config.cache_tokens is not None:
-        cache_bytes = config.cache_tokens * num_blocks * token_bytes
+    if config.cache_tokens is not None:  # exactly --cache-tokens tokens over the blocks served
+        cache_bytes = config.cache_tokens * _token_bytes(checkpoint, config.torch_dtype, num_blocks)
     else:
         share = CPU_CACHE_SHARE if on_cpu else GPU_CACHE_SHARE
         cache_bytes = int(max(0, available - fixed - copy - weights_bytes) * share)
@@ -159,11 +159,12 @@ def _count_that_fits(config: ServerConfig, stored: StoredBlocks, room: int, toke
     return count
 
 
-def _token_bytes(checkpoint: Checkpoint, dtype: torch.dtype) -> int:
-    """Cache bytes of one token over one block (every block of today's families caches alike)."""
+def _token_bytes(checkpoint: Checkpoint, dtype: torch.dtype, num_blocks: int) -> int:
+    """Cache bytes of one token over `num_blocks` blocks, as a session's cache counts them (every block of
+    today's families caches alike; its padding mask is once per session, not per block)."""
     with torch.device("meta"):
         span = checkpoint.family.span_class(checkpoint.config(), 0, 1)
-    return span.cache_nbytes(1, 1, 1, dtype)
+    return span.cache_nbytes(num_blocks, 1, 1, dtype)
 
 
 def _float(config: ServerConfig) -> WeightFormat:
