@@ -27,6 +27,7 @@ from bloompeer.peer.server.config import ServerConfig
 from ..api.conftest import start_api
 from ..conftest import LLAMA_FAMILY
 from .conftest import AtCall
+from .deep_prompts import reference_prompt_gradients
 from .test_server_metrics import scrape, value
 
 PROMPT = torch.tensor([[1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]])  # 11 tokens: past every window and context
@@ -157,35 +158,22 @@ def test_prompt_tuning_gradients_equal_local_autograd(family_servers, swarm, lla
     with DistributedLlamaForCausalLM.from_pretrained(
             path, client_config=_client_config(swarm), tuning_mode="deep_ptune", pre_seq_len=pre_seq_len) as ours:
         prompts, deep = ours.model.prompt_embeddings.weight, ours.model.intermediate_prompt_embeddings.weight
-        with torch.no_grad():
-            deep.normal_(std=0.3)  # not zero, so every block's prompts matter
-        ids = torch.randint(10, 250, (2, 6), generator=torch.Generator().manual_seed(1))
+        generator = torch.Generator().manual_seed(1)
+        with torch.no_grad():  # seeded: the same gradients every run
+            prompts.normal_(generator=generator)
+            deep.normal_(std=0.3, generator=generator)  # not zero, so every block's prompts matter
+        ids = torch.randint(10, 250, (2, 6), generator=generator)
         ours(ids, labels=ids).loss.backward()
 
-        ref_prompts, ref_deep = prompts.detach().clone().requires_grad_(), deep.detach().clone().requires_grad_()
-        per_block = ref_deep.view(pre_seq_len, 4, -1).permute(1, 0, 2)
-
-        def adding(block_prompts):
-            def hook(module, args, kwargs):
-                hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-                hidden = torch.cat([hidden[:, :pre_seq_len] + block_prompts, hidden[:, pre_seq_len:]], dim=1)
-                if "hidden_states" in kwargs:
-                    return args, kwargs | {"hidden_states": hidden}
-                return (hidden, *args[1:]), kwargs
-            return hook
-
-        hooks = [layer.register_forward_pre_hook(adding(per_block[i]), with_kwargs=True)
-                 for i, layer in enumerate(reference.model.layers)]
-        try:
-            embeds = torch.cat([ref_prompts.expand(2, -1, -1), reference.model.embed_tokens(ids)], dim=1)
-            logits = reference(inputs_embeds=embeds).logits[:, pre_seq_len:].contiguous()
-            reference.loss_function(logits, ids, vocab_size=reference.config.vocab_size).backward()
-        finally:
-            for hook in hooks:
-                hook.remove()
-    for mine, theirs in [(prompts.grad, ref_prompts.grad), (deep.grad, ref_deep.grad)]:
-        assert theirs.abs().max() > 0
-        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-7)
+        ref_prompts_grad, ref_deep_grad = reference_prompt_gradients(
+            reference, reference.model.layers, reference.model.embed_tokens(ids), ids, prompts, deep)
+    for mine, theirs in [(prompts.grad, ref_prompts_grad), (deep.grad, ref_deep_grad)]:
+        # autograd through the servers' blocks and through transformers' sum in other orders: 3.7-4.4e-7 of
+        # the largest gradient apart (test_moe_family's measurement); an element near zero can be a few
+        # percent off its own value, so the bound is relative to the gradient's scale
+        scale = float(theirs.abs().max())
+        assert scale > 0
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=2e-6 * scale)
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ from ..api.conftest import start_api
 from ..conftest import MOE_FAMILY
 from ..helpers.mxfp4 import write_mxfp4_checkpoint
 from .conftest import AtCall
+from .deep_prompts import reference_prompt_gradients
 from .test_llama_family import BATCH_WAIT_S, SESSIONS
 from .test_server_metrics import scrape, value
 
@@ -199,28 +200,9 @@ def test_prompt_tuning_gradients_equal_local_autograd(moe_servers, swarm, moe_ch
         ids = torch.randint(10, 250, (2, 6), generator=generator)
         ours(ids, labels=ids).loss.backward()
 
-        ref_prompts, ref_deep = prompts.detach().clone().requires_grad_(), deep.detach().clone().requires_grad_()
-        per_block = ref_deep.view(pre_seq_len, 4, -1).permute(1, 0, 2)
-
-        def adding(block_prompts):
-            def hook(module, args, kwargs):
-                hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-                hidden = torch.cat([hidden[:, :pre_seq_len] + block_prompts, hidden[:, pre_seq_len:]], dim=1)
-                if "hidden_states" in kwargs:
-                    return args, kwargs | {"hidden_states": hidden}
-                return (hidden, *args[1:]), kwargs
-            return hook
-
-        hooks = [layer.register_forward_pre_hook(adding(per_block[i]), with_kwargs=True)
-                 for i, layer in enumerate(reference.model.layers)]
-        try:
-            embeds = torch.cat([ref_prompts.expand(2, -1, -1), reference.model.embed_tokens(ids)], dim=1)
-            logits = reference(inputs_embeds=embeds).logits[:, pre_seq_len:].contiguous()
-            reference.loss_function(logits, ids, vocab_size=reference.config.vocab_size).backward()
-        finally:
-            for hook in hooks:
-                hook.remove()
-    for mine, theirs in [(prompts.grad, ref_prompts.grad), (deep.grad, ref_deep.grad)]:
+        ref_prompts_grad, ref_deep_grad = reference_prompt_gradients(
+            reference, reference.model.layers, reference.model.embed_tokens(ids), ids, prompts, deep)
+    for mine, theirs in [(prompts.grad, ref_prompts_grad), (deep.grad, ref_deep_grad)]:
         scale = float(theirs.abs().max())
         assert scale > 0
         torch.testing.assert_close(mine, theirs, rtol=0, atol=2e-6 * scale)

@@ -17,6 +17,8 @@ from bloompeer.peer.cli.default_model import write_byte_tokenizer
 from bloompeer.peer.cli.local_swarm import LocalSwarm
 from tests.wire import raw_stream
 
+from .deep_prompts import deep_prompts_in, reference_prompt_gradients
+
 PRE_SEQ_LEN = 4
 TARGET = 7  # the synthetic task: predict this token at every position
 
@@ -60,32 +62,13 @@ def test_gradients_equal_hf_for_input_embeddings_and_deep_prompts(training_swarm
         embeds = model.transformer.word_embeddings(ids).detach().requires_grad_()
         model(inputs_embeds=embeds, labels=ids).loss.backward()
 
-        ref_embeds, ref_prompts, ref_deep = (t.detach().clone().requires_grad_() for t in (embeds, prompts, deep))
-        per_block = ref_deep.view(PRE_SEQ_LEN, 4, -1).permute(1, 0, 2)
-        hooks = [block.register_forward_pre_hook(_adding_prompts(per_block[i]), with_kwargs=True)
-                 for i, block in enumerate(reference.transformer.h)]
-        try:
-            full = torch.cat([ref_prompts.expand(2, -1, -1), ref_embeds], dim=1)
-            logits = reference(inputs_embeds=full).logits[:, PRE_SEQ_LEN:].contiguous()
-            reference.loss_function(logits, ids, vocab_size=reference.config.vocab_size).backward()
-        finally:
-            for hook in hooks:
-                hook.remove()
-        for ours, theirs in [(embeds.grad, ref_embeds.grad), (prompts.grad, ref_prompts.grad),
-                             (deep.grad, ref_deep.grad)]:
+        ref_embeds = embeds.detach().clone().requires_grad_()
+        ref_prompts_grad, ref_deep_grad = reference_prompt_gradients(reference, reference.transformer.h, ref_embeds,
+                                                                     ids, prompts, deep)
+        for ours, theirs in [(embeds.grad, ref_embeds.grad), (prompts.grad, ref_prompts_grad),
+                             (deep.grad, ref_deep_grad)]:
             assert theirs.abs().max() > 0
             torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-8)
-
-
-def _adding_prompts(block_prompts):
-    """A pre-hook for an HF BloomBlock that adds deep prompts to the first positions, as servers do."""
-
-    def hook(module, args, kwargs):
-        hidden = args[0]
-        hidden = torch.cat([hidden[:, :PRE_SEQ_LEN] + block_prompts, hidden[:, PRE_SEQ_LEN:]], dim=1)
-        return (hidden, *args[1:]), kwargs
-
-    return hook
 
 
 def _train(model, steps, lr=0.1, on_step=None):
@@ -160,9 +143,7 @@ def test_generation_with_deep_prompts_equals_hf(training_swarm, steerable_checkp
 
 
 def _greedy_with_deep_prompts(reference, ids, prompts, per_block, new_tokens):
-    hooks = [block.register_forward_pre_hook(_adding_prompts(per_block[i]), with_kwargs=True)
-             for i, block in enumerate(reference.transformer.h)]
-    try:
+    with deep_prompts_in(reference.transformer.h, per_block):
         finished = torch.zeros(ids.shape[0], 1, dtype=torch.bool)
         for _ in range(new_tokens):  # as generate() does: after EOS a row gets padding
             embeds = torch.cat([prompts.expand(ids.shape[0], -1, -1), reference.transformer.word_embeddings(ids)], 1)
@@ -170,9 +151,6 @@ def _greedy_with_deep_prompts(reference, ids, prompts, per_block, new_tokens):
             ids = torch.cat([ids, next_ids.masked_fill(finished, reference.config.pad_token_id)], dim=1)
             finished |= next_ids == reference.config.eos_token_id
         return ids
-    finally:
-        for hook in hooks:
-            hook.remove()
 
 
 def test_classification_head_and_prompts_train(training_swarm, steerable_checkpoint):
