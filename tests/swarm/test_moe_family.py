@@ -24,9 +24,11 @@ from contextlib import ExitStack
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList, Mxfp4Config
+from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, LogitsProcessorList,
+                          Mxfp4Config)
 
-from bloompeer import AutoDistributedModelForCausalLM, ClientConfig, DistributedLlamaForCausalLM, NetworkConfig
+from bloompeer import (AutoDistributedModelForCausalLM, AutoDistributedModelForSequenceClassification, ClientConfig,
+                       DistributedLlamaForCausalLM, NetworkConfig)
 from bloompeer.peer.cli.local_swarm import stop_in_parallel
 from bloompeer.peer.client import verification
 from bloompeer.peer.server.config import ServerConfig
@@ -139,6 +141,23 @@ def test_left_padded_batch_and_beam_search(pair):
     assert ours.generate(PADDED, **greedy).tolist() == reference.generate(PADDED, **greedy).tolist()
     beams = greedy | dict(num_beams=3)
     assert ours.generate(PADDED, **beams).tolist() == reference.generate(PADDED, **beams).tolist()
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("name", VARIANTS)
+def test_sequence_classification_equals_transformers(moe_servers, swarm, moe_checkpoints, name):
+    """The family's classifier through the swarm against transformers' (its ForSequenceClassification class)
+    with the same `score` head, on a left-padded batch: each row scored at its last token."""
+    path = moe_checkpoints[name]
+    reference = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32, num_labels=3,
+                                                                   pad_token_id=0).eval()
+    with AutoDistributedModelForSequenceClassification.from_pretrained(
+            path, client_config=_client_config(swarm), num_labels=3) as ours:
+        assert type(ours).__name__ == "DistributedLlamaForSequenceClassification"
+        ours.score.weight.copy_(reference.score.weight)
+        mine = ours(PADDED, attention_mask=PADDED_MASK).logits
+    theirs = reference(PADDED, attention_mask=PADDED_MASK).logits
+    torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-4)
 
 
 @pytest.fixture
