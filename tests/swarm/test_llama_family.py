@@ -27,7 +27,7 @@ from bloompeer.peer.server.config import ServerConfig
 from ..api.conftest import start_api
 from ..conftest import LLAMA_FAMILY
 from .conftest import AtCall
-from .deep_prompts import reference_prompt_gradients
+from .deep_prompts import assert_prompt_gradients_equal
 from .test_server_metrics import scrape, value
 
 PROMPT = torch.tensor([[1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]])  # 11 tokens: past every window and context
@@ -157,23 +157,7 @@ def test_prompt_tuning_gradients_equal_local_autograd(family_servers, swarm, lla
     pre_seq_len = 3
     with DistributedLlamaForCausalLM.from_pretrained(
             path, client_config=_client_config(swarm), tuning_mode="deep_ptune", pre_seq_len=pre_seq_len) as ours:
-        prompts, deep = ours.model.prompt_embeddings.weight, ours.model.intermediate_prompt_embeddings.weight
-        generator = torch.Generator().manual_seed(1)
-        with torch.no_grad():  # seeded: the same gradients every run
-            prompts.normal_(generator=generator)
-            deep.normal_(std=0.3, generator=generator)  # not zero, so every block's prompts matter
-        ids = torch.randint(10, 250, (2, 6), generator=generator)
-        ours(ids, labels=ids).loss.backward()
-
-        ref_prompts_grad, ref_deep_grad = reference_prompt_gradients(
-            reference, reference.model.layers, reference.model.embed_tokens(ids), ids, prompts, deep)
-    for mine, theirs in [(prompts.grad, ref_prompts_grad), (deep.grad, ref_deep_grad)]:
-        # autograd through the servers' blocks and through transformers' sum in other orders: 3.7-4.4e-7 of
-        # the largest gradient apart (test_moe_family's measurement); an element near zero can be a few
-        # percent off its own value, so the bound is relative to the gradient's scale
-        scale = float(theirs.abs().max())
-        assert scale > 0
-        torch.testing.assert_close(mine, theirs, rtol=0, atol=2e-6 * scale)
+        assert_prompt_gradients_equal(ours, reference)
 
 
 @pytest.fixture

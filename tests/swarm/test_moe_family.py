@@ -38,7 +38,7 @@ from ..api.conftest import start_api
 from ..conftest import MOE_FAMILY
 from ..helpers.mxfp4 import write_mxfp4_checkpoint
 from .conftest import AtCall
-from .deep_prompts import reference_prompt_gradients
+from .deep_prompts import assert_prompt_gradients_equal
 from .test_llama_family import BATCH_WAIT_S, SESSIONS
 from .test_server_metrics import scrape, value
 
@@ -200,31 +200,13 @@ def test_speculative_decoding_rolls_back_and_equals_greedy(clients, references, 
 def test_prompt_tuning_gradients_equal_local_autograd(moe_servers, swarm, moe_checkpoints, references):
     """Qwen3-MoE: sparse blocks 0, 2, 3 and a dense block 1, each with deep prompts of its own; the servers
     differentiate through the routers' weights (the choice of experts is a constant, as in transformers).
-
-    The gradients are not bitwise: the servers' autograd runs through our blocks' operations, not
-    transformers' (a token's k expert outputs gathered back by index, say), and accumulates in another
-    order. Measured over 8 seeds, the largest difference was 2.9-5.7e-7 of the largest gradient (dense
-    blocks' autograd alone drifts as much: 3.7-4.4e-7 for the Llama family's checkpoints), while an
-    element near zero can be a few percent off its own value. So the bound is relative to the
-    gradient's scale: 2e-6 of its largest element."""
+    Not bitwise (deep_prompts.assert_prompt_gradients_equal says why): the servers' autograd runs through
+    our blocks' operations (a token's k expert outputs gathered back by index, say), not transformers'."""
     path, reference = moe_checkpoints["qwen3_moe"], references("qwen3_moe")
     pre_seq_len = 3
     with DistributedLlamaForCausalLM.from_pretrained(
             path, client_config=_client_config(swarm), tuning_mode="deep_ptune", pre_seq_len=pre_seq_len) as ours:
-        prompts, deep = ours.model.prompt_embeddings.weight, ours.model.intermediate_prompt_embeddings.weight
-        generator = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            prompts.normal_(generator=generator)
-            deep.normal_(std=0.3, generator=generator)  # not zero, so every block's prompts matter
-        ids = torch.randint(10, 250, (2, 6), generator=generator)
-        ours(ids, labels=ids).loss.backward()
-
-        ref_prompts_grad, ref_deep_grad = reference_prompt_gradients(
-            reference, reference.model.layers, reference.model.embed_tokens(ids), ids, prompts, deep)
-    for mine, theirs in [(prompts.grad, ref_prompts_grad), (deep.grad, ref_deep_grad)]:
-        scale = float(theirs.abs().max())
-        assert scale > 0
-        torch.testing.assert_close(mine, theirs, rtol=0, atol=2e-6 * scale)
+        assert_prompt_gradients_equal(ours, reference)
 
 
 @pytest.fixture
