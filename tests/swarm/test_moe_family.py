@@ -310,6 +310,23 @@ def test_verification_of_every_step_bans_no_honest_server(moe_servers, swarm, mo
     assert max(errors) <= verification.tolerance_for(WeightFormat()), sorted(errors)
 
 
+@torch.inference_mode()
+def test_the_generate_command_prints_what_transformers_generates(moe_servers, swarm, moe_checkpoints, references):
+    """`bloompeer generate` takes a mixture of experts' checkpoint with no other flag (Mixtral here)."""
+    path, prompt = moe_checkpoints["mixtral"], "A swarm of experts"
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    expected = references("mixtral").generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                                              do_sample=False)[0, ids.shape[1]:]
+    result = subprocess.run([sys.executable, "-m", "bloompeer", "generate", prompt, "--model", str(path),
+                             "--max-new-tokens", "8", "--initial-peers", *swarm.initial_peers],
+                            capture_output=True, text=True, timeout=180)
+    continuation = tokenizer.decode(expected, skip_special_tokens=True)
+    assert continuation.strip(), "the reference's tokens print as nothing: the test would compare no text"
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip("\n") == prompt + continuation
+
+
 def test_status_shows_the_experts_of_each_block(moe_servers, swarm, moe_checkpoints):
     """Qwen3-MoE: 8 experts a block, 3 used a token, but block 1 is dense (mlp_only_layers)."""
     path = moe_checkpoints["qwen3_moe"]
