@@ -143,6 +143,31 @@ def test_a_wait_interrupted_by_ctrl_c_cancels_the_call_on_the_loop():
         runtime.shutdown()
 
 
+def test_ctrl_c_whose_handler_ran_on_another_thread_still_interrupts_the_wait():
+    """A SIGINT taken by another thread (as one is when it lands just before the waiting thread blocks on
+    its lock) sets Python's flag without waking the waiter; the wait must notice it all the same. Here the
+    signal is sent to the interrupting thread itself (pthread_kill): a wait that only an interrupted lock
+    ends would last forever, so past WAIT_S the runtime is shut down (the woken wait then raises too)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    runtime, in_flight, rescued = ClientRuntime(), SwarmWork().hold(), threading.Event()
+
+    def interrupt_from_this_thread() -> None:
+        assert in_flight.started.wait(WAIT_S)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        if not in_flight.cancelled.wait(WAIT_S):
+            rescued.set()
+            runtime.shutdown()
+
+    try:
+        Outcome(interrupt_from_this_thread)
+        with pytest.raises(KeyboardInterrupt):
+            runtime.run(in_flight())
+        assert not rescued.is_set(), "the wait went on until the runtime was shut down"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        runtime.shutdown()
+
+
 def test_a_cancelled_caller_has_its_call_in_flight_and_later_ones_cancelled_but_not_its_cleanup():
     runtime, cancellation, in_flight = ClientRuntime(), Cancellation(), SwarmWork().hold()
 

@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SHUTDOWN_GRACE_S = 5.0  # how long cancelled work may take to wind down (close its sessions) at shutdown
+# A waiting thread wakes this often: a SIGINT whose handler ran just before the thread blocked on its lock
+# does not interrupt the lock (the signal was already taken), so only a timed wait lets Ctrl-C through
+SIGNAL_CHECK_S = 0.25
 
 
 class Cancellation:
@@ -97,7 +100,12 @@ class ClientRuntime:
         cancellation = getattr(self._callers, "cancellation", None) if cancellable else None
         future = self.submit(coroutine, cancellation)
         try:
-            return future.result()
+            while True:
+                try:
+                    return future.result(timeout=SIGNAL_CHECK_S)
+                except TimeoutError:
+                    if future.done():  # the coroutine's own TimeoutError
+                        raise
         except BaseException:
             future.cancel()  # a no-op if it is done; else its task is cancelled on the loop
             raise
