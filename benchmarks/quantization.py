@@ -23,6 +23,7 @@ and against the floor of reading the weights once at the copy bandwidth measured
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import math
 import statistics
@@ -63,6 +64,72 @@ class _OneDnnLinear(nn.Module):
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
         return BatchedLinears(self.linear)(self.linear, rows)
+
+
+class _IntMmInt8(nn.Module):
+    """int8 candidate: each row rounded to int8 with a scale of its own and multiplied in integers
+    (torch._int_mm), then both scales; fast where the CPU has VNNI or AMX."""
+
+    def __init__(self, layer: Int8Linear):
+        super().__init__()
+        self.weight_t, self.scales, self.bias = layer.weight_int8.t(), layer.scales.float(), layer.bias
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        row_scales = (rows.abs().amax(dim=1, keepdim=True) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        rows_int8 = torch.round(rows / row_scales).clamp_(-127, 127).to(torch.int8)
+        return torch._int_mm(rows_int8, self.weight_t).float().mul_(row_scales).mul_(self.scales).add_(self.bias)
+
+
+class _DynamicInt8(nn.Module):
+    """int8 candidate: PyTorch's dynamically quantized linear (rows rounded to int8 per tensor at each call,
+    int8 weights with a scale per output channel) prepacked for one quantized engine: onednn (oneDNN's int8 matmul), x86 or fbgemm."""
+
+    def __init__(self, linear: nn.Linear, engine: str):
+        super().__init__()
+        self.engine = engine
+        with _quantized_engine(engine):
+            self.layer = torch.ao.quantization.quantize_dynamic(
+                nn.Sequential(copy.deepcopy(linear)), {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig},
+                dtype=torch.qint8, inplace=False)
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        with _quantized_engine(self.engine):
+            return self.layer(rows)
+
+
+class _TiledInt8(nn.Module):
+    """int8 candidate: the weights dequantized to float32 a tile of output channels at a time (a tile
+    stays in cache) and multiplied there, so that memory sees only the int8 bytes."""
+
+    def __init__(self, layer: Int8Linear, tile: int = 256):
+        super().__init__()
+        self.weight, self.scales, self.bias, self.tile = layer.weight_int8, layer.scales.float(), layer.bias, tile
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        parts = [rows @ (self.weight[i:i + self.tile].float() * self.scales[i:i + self.tile, None]).t()
+                 for i in range(0, self.weight.shape[0], self.tile)]
+        return torch.cat(parts, dim=1).add_(self.bias)
+
+
+@contextlib.contextmanager
+def _quantized_engine(engine: str):
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
+
+
+def int8_candidates(linear: nn.Linear) -> list[tuple[str, nn.Module]]:
+    """The CPU int8 kernels measured beside the one blocks/quantized_linear.py uses (issue 42)."""
+    layer = Int8Linear(linear)
+    candidates = [("int8 _int_mm", _IntMmInt8(layer)), ("int8 tiled", _TiledInt8(layer))] + \
+        [(f"int8 {engine}", _DynamicInt8(linear, engine))
+         for engine in ("onednn", "x86", "fbgemm") if engine in torch.backends.quantized.supported_engines]
+    for _, candidate in candidates:
+        candidate.weight_nbytes = layer.weight_nbytes  # int8 weights and a scale per output channel
+    return candidates
 
 
 def timed_us(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
@@ -147,13 +214,16 @@ def kernel_table(repeats: int) -> None:
         expected = linear(inputs)
         layers = [("none", linear), ("none oneDNN", _OneDnnLinear(linear))]
         layers += [(weight_format.label, quantized(weight_format, linear)) for weight_format in FORMATS[1:]]
+        candidates = int8_candidates(linear)
+        layers += candidates
         baseline = None
         for label, layer in layers:
             cpu, wall = timed_us(lambda: layer(inputs), repeats if rows < 64 else max(5, repeats // 20))
             baseline = baseline or cpu
             error = float((layer(inputs) - expected).norm() / expected.norm())
-            backward = timed_us(lambda: _input_gradient(layer, inputs), max(10, repeats // 10))[0] if rows == 8 else None
-            size = layer.weight_nbytes if isinstance(layer, QuantizedLinear) else linear.weight.nbytes
+            differentiable = rows == 8 and (label, layer) not in candidates
+            backward = timed_us(lambda: _input_gradient(layer, inputs), max(10, repeats // 10))[0] if differentiable else None
+            size = getattr(layer, "weight_nbytes", linear.weight.nbytes)
             print(f"{label:<12} {size:>9} {rows:>4} {cpu:>9.0f} {wall:>9.0f} {cpu / baseline:>7.2f} {error:>11.2e} "
                   f"{'' if backward is None else f'{backward:.0f}':>16}")
 

@@ -14,13 +14,15 @@
    - decode: median ms of a one-token step of one session (16-token prompt, then 24 steps);
    - prefill: s of one 512-token step;
    - 8 sessions: steps/s of 8 sessions stepping one token each at once (the server batches them).
-   Goals: decode steps of int8 and int4 <= 0.6x float32's; weights <= 0.3x and <= 0.2x float32's.
+   Goals: decode steps of int8 and int4 <= 0.5x float32's (issue 42); weights <= 0.3x and <= 0.2x
+   float32's.
 
 --device and --dtype go to every server (`--device cuda --dtype bfloat16` serves from a GPU; the
 clients stay on the CPU in float32, so "none" is then bfloat16 serving against transformers'
 float32, and the ratios are to bfloat16 servers'); peak RSS is then the host's, not the GPU's.
 
     python benchmarks/quantized_servers.py [--models bloom-560m qwen3-0.6b] [--skip-quality] [--rounds 2]
+                                           [--blocks 8]
                                            [--device cuda] [--dtype bfloat16]
 """
 
@@ -55,7 +57,7 @@ from tests.wire import raw_stream  # noqa: E402
 KINDS = ("none", "int8", "int4")
 GROUP_SIZE = 64
 PPL_GOALS = {"int8": 0.005, "int4": 0.02}
-DECODE_GOAL = 0.6
+DECODE_GOAL = 0.5  # issue 42 (issue 27 asked for 0.6)
 WEIGHT_GOALS = {"int8": 0.3, "int4": 0.2}
 MODELS = {  # write_random_checkpoint arguments (benchmarks/inference.py's shapes, with a small vocabulary)
     "bloom-560m": dict(num_blocks=24, hidden_size=1024, num_heads=16, vocab_size=512, max_shard_size="1GB"),
@@ -186,8 +188,9 @@ async def measure_servers(swarm: LocalSwarm, servers: dict, path: Path, num_bloc
             for kind, runs in figures.items()}
 
 
-def speed_table(name: str, log_dir: Path, rounds: int, placement: list[str], dtype: torch.dtype) -> None:
-    spec = MODELS[name]
+def speed_table(name: str, log_dir: Path, rounds: int, placement: list[str], dtype: torch.dtype,
+                num_blocks: int | None) -> None:
+    spec = MODELS[name] | ({"num_blocks": num_blocks} if num_blocks else {})
     with tempfile.TemporaryDirectory(prefix=f"bloompeer-quant-{name}-") as tmp:
         print(f"[{name}] writing a random checkpoint...", file=sys.stderr, flush=True)
         path = write_random_checkpoint(Path(tmp) / name, **spec)
@@ -222,6 +225,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--skip-quality", action="store_true", help="no perplexity table")
     parser.add_argument("--rounds", type=int, default=2, help="rounds over the three servers; each figure the best")
+    parser.add_argument("--blocks", type=int, default=None,
+                        help="blocks of each model (default: the model's own, 24 and 28); 8 is issue 42's held-out check")
     parser.add_argument("--device", default="cpu", help="the servers' --device (cpu)")
     parser.add_argument("--dtype", default="float32", help="the servers' --dtype (float32)")
     args = parser.parse_args()
@@ -233,7 +238,7 @@ def main() -> None:
         if not args.skip_quality:
             quality_table(Path(logs), placement)
         for name in args.models:
-            speed_table(name, Path(logs), args.rounds, placement, getattr(torch, args.dtype))
+            speed_table(name, Path(logs), args.rounds, placement, getattr(torch, args.dtype), args.blocks)
 
 
 if __name__ == "__main__":
