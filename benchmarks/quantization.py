@@ -82,7 +82,8 @@ class _IntMmInt8(nn.Module):
 
 class _DynamicInt8(nn.Module):
     """int8 candidate: PyTorch's dynamically quantized linear (rows rounded to int8 per tensor at each call,
-    int8 weights with a scale per output channel) prepacked for one quantized engine: onednn (oneDNN's int8 matmul), x86 or fbgemm."""
+    int8 weights with a scale per output channel) prepacked for one quantized engine: onednn (oneDNN's
+    int8 matmul), x86 or fbgemm."""
 
     def __init__(self, linear: nn.Linear, engine: str):
         super().__init__()
