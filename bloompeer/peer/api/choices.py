@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from ..client.errors import CallCancelledError
 from ..client.runtime import Cancellation
+from .constrained import Grammar
 from .generation import Generation, GenerationRequest, retrieve_exception, eos_ids
 from .logprobs import top_alternatives
 from .pieces import PieceMaker, TextPiece, echo_piece
@@ -95,7 +96,7 @@ class RequestChoices:
     """Every choice of a request: prompts x n, indexed prompt by prompt (prompt p's choices are
     p*n .. p*n + n-1, as OpenAI orders them)."""
 
-    def __init__(self, state, prompts: Sequence[Sequence[int]], body, echo: bool):
+    def __init__(self, state, prompts: Sequence[Sequence[int]], body, echo: bool, grammar: Grammar | None = None):
         self.state, self.prompts = state, [list(prompt) for prompt in prompts]
         num_logprobs, max_new_tokens = body.num_logprobs, body.max_new_tokens
         self.prompt_scores_needed = echo and num_logprobs is not None
@@ -107,7 +108,7 @@ class RequestChoices:
         self.choices: list[Choice] = []
         for prompt_index, prompt in enumerate(self.prompts):
             for choice in range(body.n):
-                request = GenerationRequest(tuple(prompt), max_new_tokens, body.sampling(choice),
+                request = GenerationRequest(tuple(prompt), max_new_tokens, body.sampling(choice, grammar),
                                             body.stop_sequences, num_logprobs)
                 self.choices.append(Choice(len(self.choices), self._source(request, prompt_index, max_new_tokens),
                                            self._echo(prompt_index) if echo else None))

@@ -20,11 +20,13 @@ from fastapi import Request
 from sse_starlette import EventSourceResponse
 
 from .choices import Choice, RequestChoices, interleave
+from .constrained import Grammar
 from .errors import ApiError, api_error_from
 from .logprobs import chat_logprobs, completion_logprobs
 from .openai_schema import ChatCompletionRequest, CompletionRequest, new_id, response_object
 from .pieces import TextPiece
 from .prompts import MAX_PROMPTS, chat_prompt_ids, check_prompt, completion_prompts
+from .response_format import response_grammar
 
 __all__ = ["add_completion_routes"]
 
@@ -42,8 +44,9 @@ def add_completion_routes(app, state) -> None:
         _check_parameters(state, body)
         prompt = chat_prompt_ids(state.tokenizer, body.messages)
         check_prompt(prompt)
+        grammar = await asyncio.to_thread(lambda: response_grammar(state.grammars, body.response_format))
         return await _answer(state, request, body, [prompt], _ChatFormat(new_id("chatcmpl"), state.model_id, body),
-                             echo=False)
+                             echo=False, grammar=grammar)
 
 
 def _check_parameters(state, body) -> None:
@@ -109,11 +112,12 @@ class _ChatFormat(_CompletionFormat):
                 "logprobs": choice["logprobs"], "finish_reason": choice["finish_reason"]}
 
 
-async def _answer(state, request: Request, body, prompts: list[list[int]], output: _CompletionFormat, echo: bool):
+async def _answer(state, request: Request, body, prompts: list[list[int]], output: _CompletionFormat, echo: bool,
+                  grammar: Grammar | None = None):
     if len(prompts) * body.n > MAX_PROMPTS:
         raise ApiError.invalid(f"n: at most {MAX_PROMPTS} choices per request (prompts x n), got "
                                f"{len(prompts)} x {body.n}", "n")
-    choices = RequestChoices(state, prompts, body, echo)
+    choices = RequestChoices(state, prompts, body, echo, grammar)
     metrics, model = state.metrics, state.model_id
     metrics.prompt_tokens.labels(model).inc(choices.prompt_tokens)
     endings = [_Ending(metrics, model, choice) for choice in choices.choices]

@@ -1,7 +1,7 @@
 """The OpenAI wire format: request bodies as validated pydantic models, responses as plain dicts.
 
-Only what bloompeer can honour is accepted; a known OpenAI parameter it cannot honour (tools,
-suffix, best_of) is refused with a 400 naming it, rather than silently ignored. Unknown
+Only what bloompeer can honour is accepted; a known OpenAI parameter it cannot honour (suffix,
+best_of) is refused with a 400 naming it, rather than silently ignored. Unknown
 extra fields are ignored, as OpenAI-compatible servers commonly do (clients send `user`, ...).
 """
 
@@ -13,11 +13,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .constrained import Grammar
 from .sampling import Sampling
 
 __all__ = [
-    "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "StreamOptions", "error_body", "model_list",
-    "new_id", "response_object", "usage",
+    "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "JsonSchemaFormat", "ResponseFormat", "StreamOptions",
+    "error_body", "model_list", "new_id", "response_object", "usage",
 ]
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
@@ -74,12 +75,13 @@ class _SamplingRequest(BaseModel):
         """The first parameter set to something bloompeer does not do, or None."""
         return None
 
-    def sampling(self, choice: int) -> Sampling:
+    def sampling(self, choice: int, grammar: Grammar | None = None) -> Sampling:
         """How choice number `choice` of a prompt picks tokens: with a seed, each choice of a
-        prompt draws its own numbers (seed + choice), the first exactly as a request with n=1."""
+        prompt draws its own numbers (seed + choice), the first exactly as a request with n=1;
+        within `grammar` if given (response_format, tools)."""
         return Sampling(self.temperature, self.top_p, None if self.seed is None else self.seed + choice,
                         self.presence_penalty, self.frequency_penalty,
-                        {int(token): bias for token, bias in (self.logit_bias or {}).items()})
+                        {int(token): bias for token, bias in (self.logit_bias or {}).items()}, grammar)
 
     @property
     def stop_sequences(self) -> tuple[str, ...]:
@@ -141,12 +143,35 @@ class ChatMessage(BaseModel):
         return "".join(part["text"] for part in self.content)
 
 
+class JsonSchemaFormat(BaseModel):
+    """response_format.json_schema: the reply is JSON valid against `schema` (constrained.py)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")  # as OpenAI requires
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")  # ("schema" is a BaseModel method)
+    strict: bool | None = None  # true: a keyword the grammar library does not implement is a 400, not ignored
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("json_schema: a response_format of type json_schema needs its json_schema")
+        return self
+
+
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
     logprobs: bool = False  # each generated token's logprob
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)  # and its best alternatives
     tools: list[Any] | None = None
+    response_format: ResponseFormat | None = None  # text (the default), json_object or json_schema
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):

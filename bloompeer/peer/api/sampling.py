@@ -4,8 +4,10 @@ draw from the choice's own generator, as transformers logits processors.
 The same list serves generate() (every step of a choice) and a prompt's scoring pass (the one
 token of a choice with max_tokens 1, picked from that pass's last logits), so both pick alike.
 Order, as OpenAI describes it: penalties and bias change the logits, then temperature and top_p
-shape the distribution the token is drawn from. Temperature 0 is greedy: no draw, generate's
-argmax (or scoring's) takes the best token after penalties and bias.
+shape the distribution the token is drawn from. A grammar (constrained.py) masks what it forbids
+between the two, so that temperature and top_p share the probability out among allowed tokens
+only. Temperature 0 is greedy: no draw, generate's argmax (or scoring's) takes the best allowed
+token after penalties and bias.
 
 Sampling draws from a torch.Generator of the choice's own (seeded by `seed`), so a seeded choice
 gives the same text however many others run at the same time: the last processor draws the
@@ -21,6 +23,8 @@ from transformers import (
     LogitsProcessor, LogitsProcessorList, SequenceBiasLogitsProcessor, TemperatureLogitsWarper, TopPLogitsWarper,
 )
 
+from .constrained import Grammar
+
 __all__ = ["OpenAIPenalties", "Sampling", "pick_token"]
 
 
@@ -32,6 +36,7 @@ class Sampling:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    grammar: Grammar | None = None  # the reply must follow it (response_format, tools); None: free text
 
     def processors(self, prompt_length: int) -> LogitsProcessorList:
         """The processors of one choice whose prompt is `prompt_length` tokens (penalties count only
@@ -41,6 +46,8 @@ class Sampling:
             processors.append(OpenAIPenalties(prompt_length, self.presence_penalty, self.frequency_penalty))
         if self.logit_bias:
             processors.append(SequenceBiasLogitsProcessor({(token,): bias for token, bias in self.logit_bias.items()}))
+        if self.grammar is not None:
+            processors.append(self.grammar.processor(prompt_length))
         if self.temperature == 0:
             return processors
         generator = torch.Generator()
