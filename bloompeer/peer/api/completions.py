@@ -23,10 +23,11 @@ from .choices import Choice, RequestChoices, interleave
 from .constrained import Grammar
 from .errors import ApiError, api_error_from
 from .logprobs import chat_logprobs, completion_logprobs
-from .openai_schema import ChatCompletionRequest, CompletionRequest, new_id, response_object
+from .openai_schema import ChatCompletionRequest, CompletionRequest, new_id, response_object, tool_call, tool_call_delta
 from .pieces import TextPiece
 from .prompts import MAX_PROMPTS, chat_prompt_ids, check_prompt, completion_prompts
 from .response_format import response_grammar
+from .tools import ChatTools, ToolCallReader
 
 __all__ = ["add_completion_routes"]
 
@@ -42,11 +43,19 @@ def add_completion_routes(app, state) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _check_parameters(state, body)
-        prompt = chat_prompt_ids(state.tokenizer, body.messages)
+        tools = ChatTools.of(body, state.tokenizer)
+        prompt = chat_prompt_ids(state.tokenizer, body.messages, tools)
         check_prompt(prompt)
-        grammar = await asyncio.to_thread(lambda: response_grammar(state.grammars, body.response_format))
-        return await _answer(state, request, body, [prompt], _ChatFormat(new_id("chatcmpl"), state.model_id, body),
-                             echo=False, grammar=grammar)
+        grammar = await asyncio.to_thread(_chat_grammar, state, body, tools)
+        return await _answer(state, request, body, [prompt],
+                             _ChatFormat(new_id("chatcmpl"), state.model_id, body, tools), echo=False, grammar=grammar)
+
+
+def _chat_grammar(state, body, tools: ChatTools | None) -> Grammar | None:
+    """A required or named call's grammar, else response_format's (which, with tools on auto, the
+    reply's content follows: the model can then call only where a call fits that grammar)."""
+    tool_grammar = tools.grammar(state.grammars, state.tokenizer) if tools is not None else None
+    return tool_grammar or response_grammar(state.grammars, body.response_format)
 
 
 def _check_parameters(state, body) -> None:
@@ -89,7 +98,14 @@ class _CompletionFormat:
 
 
 class _ChatFormat(_CompletionFormat):
+    """Chat's shape; with tools, each choice's text read as content and tool calls (tools.py)."""
+
     object_name, chunk_object_name = "chat.completion", "chat.completion.chunk"
+
+    def __init__(self, response_id: str, model: str, body, tools: ChatTools | None = None):
+        super().__init__(response_id, model, body)
+        self.tools = tools if tools is not None and tools.reads_calls else None
+        self.readers = {}
 
     def _logprobs(self, entries) -> dict | None:
         return chat_logprobs(entries) if self.with_logprobs else None
@@ -100,16 +116,45 @@ class _ChatFormat(_CompletionFormat):
                                  "finish_reason": finish_reason}])
 
         chunks = [chunk({"role": "assistant", "content": ""})] if first else []
-        if piece.text or piece.logprobs:
-            chunks.append(chunk({"content": piece.text}, logprobs=self._logprobs(piece.logprobs)))
+        if self.tools is None:
+            if piece.text or piece.logprobs:
+                chunks.append(chunk({"content": piece.text}, logprobs=self._logprobs(piece.logprobs)))
+        else:
+            reader = self.readers.setdefault(index, ToolCallReader(self.tools))
+            deltas = reader.add(piece.text) + (reader.finish() if piece.finish_reason is not None else [])
+            for delta in deltas:  # a piece's logprobs go with its content; a call's tokens have none
+                chunks.append(chunk({"content": delta[1]}, logprobs=self._logprobs(piece.logprobs))
+                              if delta[0] == "content" else chunk({"tool_calls": [_tool_call_delta(delta)]}))
         if piece.finish_reason is not None:
-            chunks.append(chunk({}, piece.finish_reason))
+            chunks.append(chunk({}, self._finish_reason(index, piece.finish_reason)))
         return chunks
+
+    def _finish_reason(self, index: int, reason: str) -> str:
+        reader = self.readers.get(index)
+        return "tool_calls" if reason == "stop" and reader is not None and reader.calls else reason
 
     def choice(self, index: int, pieces: list[TextPiece]) -> dict:
         choice = super().choice(index, pieces)
-        return {"index": index, "message": {"role": "assistant", "content": choice["text"]},
-                "logprobs": choice["logprobs"], "finish_reason": choice["finish_reason"]}
+        message = {"role": "assistant", "content": choice["text"]}
+        if self.tools is not None:
+            reader = self.readers[index] = ToolCallReader(self.tools)
+            deltas = reader.add(choice["text"]) + reader.finish()
+            content = "".join(delta[1] for delta in deltas if delta[0] == "content")
+            arguments = ["".join(delta[2] for delta in deltas if delta[0] == "arguments" and delta[1] == call)
+                         for call in range(len(reader.calls))]
+            message["content"] = content or (None if reader.calls else "")
+            if reader.calls:
+                message["tool_calls"] = [tool_call(call.id, call.name, text)
+                                         for call, text in zip(reader.calls, arguments)]
+        return {"index": index, "message": message, "logprobs": choice["logprobs"],
+                "finish_reason": self._finish_reason(index, choice["finish_reason"])}
+
+
+def _tool_call_delta(delta: tuple) -> dict:
+    if delta[0] == "call":
+        _, index, call_id, name = delta
+        return tool_call_delta(index, "", call_id, name)
+    return tool_call_delta(delta[1], delta[2])
 
 
 async def _answer(state, request: Request, body, prompts: list[list[int]], output: _CompletionFormat, echo: bool,

@@ -17,8 +17,9 @@ from .constrained import Grammar
 from .sampling import Sampling
 
 __all__ = [
-    "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "JsonSchemaFormat", "ResponseFormat", "StreamOptions",
-    "error_body", "model_list", "new_id", "response_object", "usage",
+    "CalledFunction", "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "FunctionDefinition",
+    "JsonSchemaFormat", "MessageToolCall", "NamedToolChoice", "ResponseFormat", "StreamOptions", "Tool", "error_body",
+    "model_list", "new_id", "response_object", "tool_call", "tool_call_delta", "usage",
 ]
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
@@ -129,13 +130,43 @@ class CompletionRequest(_SamplingRequest):
         return self.logprobs
 
 
+_FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # as OpenAI requires of function and schema names
+
+
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class MessageToolCall(BaseModel):
+    """A call an assistant message made (fed back with the conversation)."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[dict[str, Any]]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None  # None only for an assistant message that made tool calls
+    tool_calls: list[MessageToolCall] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: the call this message answers
+
+    @model_validator(mode="after")
+    def _shape_of_role(self):
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a message of role tool needs the tool_call_id of the call it answers")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content: only an assistant message with tool_calls may have no content")
+        return self
 
     def text(self) -> str:
         """The content as text; of the content parts only text parts are accepted."""
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in self.content):
@@ -143,11 +174,35 @@ class ChatMessage(BaseModel):
         return "".join(part["text"] for part in self.content)
 
 
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(pattern=_FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})  # JSON schema
+    strict: bool | None = None  # as response_format's: true refuses schema keywords the grammar library lacks
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class _FunctionName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: _FunctionName
+
+
 class JsonSchemaFormat(BaseModel):
     """response_format.json_schema: the reply is JSON valid against `schema` (constrained.py)."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")  # as OpenAI requires
+    name: str = Field(pattern=_FUNCTION_NAME)
     description: str | None = None
     json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")  # ("schema" is a BaseModel method)
     strict: bool | None = None  # true: a keyword the grammar library does not implement is a 400, not ignored
@@ -170,8 +225,10 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
     logprobs: bool = False  # each generated token's logprob
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)  # and its best alternatives
-    tools: list[Any] | None = None
     response_format: ResponseFormat | None = None  # text (the default), json_object or json_schema
+    tools: list[Tool] | None = None  # functions the model may call (tools.py)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # default: auto with tools
+    parallel_tool_calls: bool = True  # several calls in one reply, where the family's format has them
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):
@@ -179,8 +236,14 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ValueError("top_logprobs: set logprobs to true to get top_logprobs")
         return self
 
-    def unsupported(self) -> str | None:
-        return "tools" if self.tools else super().unsupported()
+    @property
+    def tool_mode(self) -> tuple[str, str | None]:
+        """("none" | "auto" | "required" | "named", the name of the function a named choice calls)."""
+        if self.tool_choice == "none":
+            return "none", None
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named", self.tool_choice.function.name
+        return self.tool_choice or "auto", None
 
     @property
     def max_new_tokens(self) -> int:
@@ -223,3 +286,15 @@ def response_object(response_id: str, object_name: str, model: str, choices: lis
     if usage_counts is not None:
         body["usage"] = usage(*usage_counts)
     return body
+
+
+def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """A call in a chat message's tool_calls; arguments: JSON text."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def tool_call_delta(index: int, arguments: str, call_id: str | None = None, name: str | None = None) -> dict[str, Any]:
+    """A stream chunk's part of a call: its id and name first (with no arguments yet), then arguments text."""
+    if call_id is None:
+        return {"index": index, "function": {"arguments": arguments}}
+    return {"index": index, **tool_call(call_id, name, arguments)}
