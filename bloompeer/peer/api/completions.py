@@ -44,7 +44,7 @@ def add_completion_routes(app, state) -> None:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _check_parameters(state, body)
         tools = ChatTools.of(body, state.tokenizer)
-        prompt = chat_prompt_ids(state.tokenizer, body.messages, tools)
+        prompt = chat_prompt_ids(state.tokenizer, body.messages, tools, body.chat_template_kwargs)
         check_prompt(prompt)
         grammar = await asyncio.to_thread(_chat_grammar, state, body, tools)
         return await _answer(state, request, body, [prompt],

@@ -229,6 +229,7 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[Tool] | None = None  # functions the model may call (tools.py)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # default: auto with tools
     parallel_tool_calls: bool = True  # several calls in one reply, where the family's format has them
+    chat_template_kwargs: dict[str, Any] | None = None  # passed to the chat template (Qwen3's enable_thinking)
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):

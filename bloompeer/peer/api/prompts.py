@@ -33,21 +33,26 @@ def render_plain_chat(messages: list[tuple[str, str]]) -> str:
     return "".join(lines) + "Assistant:"
 
 
-def chat_prompt_ids(tokenizer, messages: list[ChatMessage], tools: ChatTools | None = None) -> list[int]:
+def chat_prompt_ids(tokenizer, messages: list[ChatMessage], tools: ChatTools | None = None,
+                    template_kwargs: dict | None = None) -> list[int]:
+    """template_kwargs: the request's chat_template_kwargs, variables the template reads (Qwen3's
+    enable_thinking); the plain template has none."""
     turns = conversation(messages)
+    template_kwargs = {key: value for key, value in (template_kwargs or {}).items()
+                       if key not in ("tools", "add_generation_prompt", "tokenize", "messages", "conversation")}
     for turn in turns:
         if turn["role"] == "developer":
             turn["role"] = "system"
     template = tokenizer.chat_template
     if tools is not None and tools.template_has_tools:
         text = tokenizer.apply_chat_template(turns, tools=tools.template_tools(), add_generation_prompt=True,
-                                             tokenize=False)
+                                             tokenize=False, **template_kwargs)
         return tokenizer(text, add_special_tokens=False).input_ids
     if tools is not None:
         turns = [{"role": "system", "content": tools.instructions()}, *turns]
     turns = [_without_tool_format(turn, plain=not template) for turn in turns]
     if template:
-        text = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False, **template_kwargs)
         return tokenizer(text, add_special_tokens=False).input_ids
     return tokenizer(render_plain_chat([(turn["role"], turn["content"]) for turn in turns])).input_ids
 
