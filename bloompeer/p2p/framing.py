@@ -17,7 +17,8 @@ import msgpack
 from .errors import ErrorCode, ProtocolError
 
 __all__ = [
-    "HEADER_BYTES", "DEFAULT_MAX_FRAME_BYTES", "MAX_FRAME_ITEMS", "pack", "unpack", "read_frame", "write_frame",
+    "HEADER_BYTES", "DEFAULT_MAX_FRAME_BYTES", "MAX_FRAME_ITEMS", "pack", "unpack", "read_frame", "read_frame_body",
+    "write_frame",
 ]
 
 HEADER_BYTES = 8
@@ -80,7 +81,12 @@ def unpack(payload: bytes) -> dict[str, Any]:
 
 
 async def read_frame(reader: asyncio.StreamReader, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict[str, Any]:
-    """Read one frame. Raises asyncio.IncompleteReadError at end of stream, ProtocolError on bad data.
+    """Read one frame. Raises asyncio.IncompleteReadError at end of stream, ProtocolError on bad data."""
+    return unpack(await read_frame_body(reader, max_bytes))
+
+
+async def read_frame_body(reader: asyncio.StreamReader, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bytes:
+    """One frame's body, still packed (for a reader that notes when its bytes were all in).
 
     A frame over `max_bytes` is refused before its body is read, so the stream is then out of
     sync and the caller must close it after sending the error.
@@ -89,7 +95,7 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int = DEFAULT_MAX_
     length = int.from_bytes(header, "big")
     if length > max_bytes:
         raise ProtocolError(f"frame of {length} bytes exceeds the limit of {max_bytes}", ErrorCode.TOO_LARGE)
-    return unpack(await reader.readexactly(length))
+    return await reader.readexactly(length)
 
 
 async def write_frame(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ timeout, on either end of a stream:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ from hivemind.p2p import P2P, P2PDaemonError, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from .errors import ErrorCode, PeerMisbehavedError, PeerUnavailableError, ProtocolError, remote_error
-from .framing import read_frame, write_frame
+from .framing import read_frame, read_frame_body, unpack, write_frame
 from .messages import ErrorFrame, Message, decode_message
 
 __all__ = ["P2P", "IncomingStream", "PeerStream", "StreamHandler", "request_once", "serve", "stop_serving"]
@@ -154,6 +155,9 @@ class IncomingStream:
     def __init__(self, peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.peer, self.reader, self.writer = peer, reader, writer
         self._writing = asyncio.Lock()
+        # time.perf_counter() when the last frame's bytes were all in: where a request's time on this
+        # peer begins (its unpacking included), as the server's step phases count it
+        self.frame_received_at = 0.0
 
     async def receive_frame(self, max_bytes: int) -> dict[str, Any] | None:
         """The next frame, or None when the peer ended the stream (also in the middle of a frame: what
@@ -161,11 +165,13 @@ class IncomingStream:
         the unread body is still in the stream, so the caller answers and ends it. PeerUnavailableError
         if the stream is lost."""
         try:
-            return await read_frame(self.reader, max_bytes)
+            body = await read_frame_body(self.reader, max_bytes)
         except asyncio.IncompleteReadError:
             return None
         except (P2PDaemonError, ConnectionError) as exc:
             raise _unavailable(self.peer, "", f"stream lost: {exc!r}") from exc
+        self.frame_received_at = time.perf_counter()
+        return unpack(body)
 
     async def send(self, message: Message, timeout_s: float | None = None) -> None:
         """Write one frame; with `timeout_s`, give up (and close the stream) if the peer does not take

@@ -13,6 +13,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from bloompeer.p2p import ErrorCode, NetworkConfig, OpenSession, PeerNode, read_frame, write_frame
+from bloompeer.peer.server.step_clock import PHASES
 from tests.wire import raw_stream
 
 from .conftest import swarm_client
@@ -95,6 +96,16 @@ def test_metrics_count_a_generation(metered_server, swarm, fresh_model, referenc
     latencies = (value(after, "bloompeer_server_step_latency_seconds_count")
                  - value(before, "bloompeer_server_step_latency_seconds_count"))
     assert latencies == steps and value(after, "bloompeer_server_step_latency_seconds_sum") > 0
+    phases = {phase: (value(after, "bloompeer_server_step_phase_seconds_count", phase=phase)
+                      - value(before, "bloompeer_server_step_phase_seconds_count", phase=phase),
+                      value(after, "bloompeer_server_step_phase_seconds_sum", phase=phase)
+                      - value(before, "bloompeer_server_step_phase_seconds_sum", phase=phase)) for phase in PHASES}
+    assert all(count == steps for count, _ in phases.values()), phases  # each step is observed in every phase
+    assert all(seconds >= 0 for _, seconds in phases.values()) and phases["compute"][1] > 0, phases
+    until_output = sum(phases[phase][1] for phase in ("decode", "queue", "compute", "resume"))
+    latency = (value(after, "bloompeer_server_step_latency_seconds_sum")
+               - value(before, "bloompeer_server_step_latency_seconds_sum"))
+    assert until_output <= latency + 1e-6 * steps, (phases, latency)  # parts of the same stretch of time
     passes = (value(after, "bloompeer_server_batch_size_count") - value(before, "bloompeer_server_batch_size_count"))
     assert passes >= steps  # one session alone: one pass per step (the prompt may take more)
     assert value(after, "bloompeer_server_batch_size_bucket", le="1.0") >= passes

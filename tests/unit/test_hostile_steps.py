@@ -146,7 +146,7 @@ class _WaitingBackend:
     def find(self, token):
         return self.session
 
-    async def step(self, session, step):
+    async def step(self, session, step, clock=None):
         self.waiting += 1
         self.most_waiting = max(self.most_waiting, self.waiting)
         await self.release.wait()

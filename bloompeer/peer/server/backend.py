@@ -18,6 +18,7 @@ from .config import ServerConfig
 from .metrics import ServerMetrics
 from .scheduler import Scheduler
 from .sessions import Session, SessionRegistry
+from .step_clock import StepClock
 
 __all__ = ["SpanBackend", "error_frame"]
 
@@ -77,11 +78,12 @@ class SpanBackend:
         self._check_limit("rows (batch x tokens) per request", hidden.shape[:2].numel(),
                           self.server_config.max_step_tokens, "--max-step-tokens")
 
-    async def step(self, session: Session, step: Step) -> torch.Tensor:
+    async def step(self, session: Session, step: Step, clock: StepClock | None = None) -> torch.Tensor:
+        """The step's output; its passes are timed on `clock`."""
         async with session.stepping:
-            return await self._step(session, step)
+            return await self._step(session, step, clock)
 
-    async def _step(self, session: Session, step: Step) -> torch.Tensor:
+    async def _step(self, session: Session, step: Step, clock: StepClock | None) -> torch.Tensor:
         if not self.accepting():
             raise ProtocolError("this server is shutting down; move the session elsewhere", ErrorCode.NOT_SERVING)
         cache = session.cache
@@ -102,7 +104,7 @@ class SpanBackend:
                 ((hypo_ids >= 0) & (hypo_ids < cache.batch)).all())):
             raise ProtocolError(f"hypo_ids must be [{cache.batch}] indices into the batch")
         try:
-            return await self.scheduler.step(session.id, cache, step)
+            return await self.scheduler.step(session.id, cache, step, clock)
         finally:
             session.touch()
 

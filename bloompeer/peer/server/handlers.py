@@ -117,7 +117,7 @@ class _InferenceStream:
         if isinstance(message, Step):
             if self.session is None:
                 raise ProtocolError("step before open")
-            await run_step(self.backend, self.pusher, self.session, message)
+            await run_step(self.backend, self.pusher, self.session, message, self.stream.frame_received_at)
             return None
         return CLOSE  # CloseSession: end the stream, which frees the cache
 
@@ -145,13 +145,13 @@ async def handle_push_stream(serving: Callable[[], SpanBackend], pusher: PushSen
     in_flight = asyncio.Semaphore(MAX_PUSHED_IN_FLIGHT)
 
     async def handle(frame: dict[str, Any]) -> None:
-        backend = serving()
+        received, backend = stream.frame_received_at, serving()
         pushed = decode_message(frame, PushStep)
         session = pushed_session(backend, pushed, stream.peer)
         if session is None:
             return None
         await in_flight.acquire()  # the next frame is read once a step here is done
-        task = asyncio.create_task(run_step(backend, pusher, session, pushed.step, pushed=True))
+        task = asyncio.create_task(run_step(backend, pusher, session, pushed.step, received, pushed=True))
         running.add(task)
         task.add_done_callback(lambda done: (running.discard(done), in_flight.release()))
         return None

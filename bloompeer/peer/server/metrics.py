@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ...p2p import ErrorCode
+from .step_clock import PHASES
 
 __all__ = ["MetricsEndpoint", "ServerMetrics", "REQUEST_KINDS", "OK"]
 
@@ -26,6 +27,7 @@ OK = "ok"  # the `code` label of a request that was answered without an error
 REQUEST_KINDS = frozenset({"open", "step", "close", "push", "forward", "backward", "info"})
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+PHASE_BUCKETS_S = (2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class ServerMetrics:
         self.step_latency = Histogram(f"{prefix}_step_latency_seconds", "Time from receiving an inference step "
                                       "to its output being ready, queueing included", buckets=LATENCY_BUCKETS_S,
                                       registry=self.registry)
+        self.step_phases = Histogram(f"{prefix}_step_phase_seconds", "Where an answered inference step's time "
+                                     "went, by phase: decode, queue, compute, resume, encode (step_clock.py says "
+                                     "what each covers)", ["phase"], buckets=PHASE_BUCKETS_S, registry=self.registry)
         self.batch_size = Histogram(f"{prefix}_batch_size", "Requests computed together in one pass through the "
                                     "blocks (steps of different sessions share a pass)", buckets=BATCH_BUCKETS,
                                     registry=self.registry)
@@ -83,6 +88,8 @@ class ServerMetrics:
             self.dht_keys.labels(kind)
         for answer in ("answered", "silent"):
             self.probes.labels(answer)
+        for phase in PHASES:
+            self.step_phases.labels(phase)
 
     def watch(self, state: LiveState) -> None:
         """Let the gauges read the server's live state at each scrape."""
@@ -103,6 +110,10 @@ class ServerMetrics:
 
     def count_rebalance_check(self) -> None:
         self.rebalance_checks.inc()
+
+    def observe_step_phases(self, phases: dict[str, float]) -> None:
+        for phase, seconds in phases.items():
+            self.step_phases.labels(phase).observe(seconds)
 
     def count_pass(self, kind: str, requests: int, rows: int) -> None:
         """One pass of the compute thread: `requests` together, `rows` tokens computed."""

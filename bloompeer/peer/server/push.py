@@ -20,6 +20,7 @@ from ...p2p import PUSH_PROTOCOL, ErrorCode, PeerStream, PushStep, PushTarget, R
 from .backend import SpanBackend, error_frame
 from .current_node import CurrentNode
 from .sessions import Session
+from .step_clock import StepClock
 
 __all__ = ["PushSender", "pushed_session", "run_step"]
 
@@ -81,13 +82,15 @@ class PushSender:
             self._drop(peer_id_str)
 
 
-async def run_step(backend: SpanBackend, pusher: PushSender, session: Session, step: Step,
+async def run_step(backend: SpanBackend, pusher: PushSender, session: Session, step: Step, received: float,
                    pushed: bool = False) -> None:
-    """Compute a step of `session`, push the output on to the next hop (if the client asked), and
-    answer the session's client. Used for steps from the client and for steps pushed to us."""
-    kind, received = "push" if pushed else "step", time.perf_counter()
+    """Compute a step of `session` (whose frame was all in at `received`, a time.perf_counter()), push
+    the output on to the next hop (if the client asked), and answer the session's client. Used for
+    steps from the client and for steps pushed to us."""
+    kind, clock = "push" if pushed else "step", StepClock(received)
     try:
-        output = await backend.step(session, step)
+        output = await backend.step(session, step, clock)
+        clock.output_is_ready()
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -95,7 +98,7 @@ async def run_step(backend: SpanBackend, pusher: PushSender, session: Session, s
         backend.metrics.count_request(kind, error.code)
         await session.deliver(error)
         return
-    backend.metrics.step_latency.observe(time.perf_counter() - received)
+    backend.metrics.step_latency.observe(clock.output_ready - received)
     backend.metrics.count_request(kind)
     deliveries = []
     if step.push:  # first: the rest of the chain waits for it, while the client only keeps its copy
@@ -105,6 +108,7 @@ async def run_step(backend: SpanBackend, pusher: PushSender, session: Session, s
         deliveries.append(_pass_on(backend, pusher, hop, pushed))
     deliveries.append(session.deliver(StepOutput(output, step.step_id)))
     await asyncio.gather(*deliveries)
+    backend.metrics.observe_step_phases(clock.phases(time.perf_counter()))
 
 
 async def _pass_on(backend: SpanBackend, pusher: PushSender, hop: PushTarget, pushed: PushStep) -> None:
@@ -117,7 +121,7 @@ async def _pass_on(backend: SpanBackend, pusher: PushSender, hop: PushTarget, pu
         return
     session = pushed_session(backend, pushed, hop.peer_id_str)
     if session is not None:
-        await run_step(backend, pusher, session, pushed.step, pushed=True)
+        await run_step(backend, pusher, session, pushed.step, time.perf_counter(), pushed=True)
 
 
 def pushed_session(backend: SpanBackend, pushed: PushStep, sender: str) -> Session | None:

@@ -39,6 +39,7 @@ from ...blocks import BlockSpan, Segment, SessionCache
 from ...p2p import BackwardRequest, ErrorCode, ProtocolError, Step
 from .compute import ComputeWorker
 from .metrics import ServerMetrics
+from .step_clock import StepClock
 
 __all__ = ["Priority", "Scheduler"]
 
@@ -71,6 +72,9 @@ class _Work:
     finish: Callable[[torch.Tensor], torch.Tensor] = field(compare=False, default=lambda output: output)
     future: asyncio.Future = field(compare=False, default=None)
     session: str | None = field(compare=False, default=None)  # an inference step's Session.id
+    submitted: float = field(compare=False, default=0.0)  # time.perf_counter() when queued
+    started: float = field(compare=False, default=0.0)  # its pass on the compute thread
+    ended: float = field(compare=False, default=0.0)
 
 
 def _prompts_within(prompts: torch.Tensor | None, begin: int, end: int) -> torch.Tensor | None:
@@ -119,8 +123,10 @@ class Scheduler:
         """Requests waiting for the compute thread."""
         return len(self._queue)
 
-    async def step(self, session_id: str, cache: SessionCache, step: Step) -> torch.Tensor:
-        """One inference step of a session (`cache` is its cache), in chunks of at most max_batch_tokens rows."""
+    async def step(self, session_id: str, cache: SessionCache, step: Step, clock: StepClock | None = None
+                   ) -> torch.Tensor:
+        """One inference step of a session (`cache` is its cache), in chunks of at most max_batch_tokens rows;
+        each chunk's wait and pass are added to `clock`."""
         batch, num_new = step.hidden.shape[:2]
         chunk = self.max_batch_tokens // batch
         if chunk < 1:
@@ -132,7 +138,10 @@ class Scheduler:
             part = Step(step.position + begin, step.hidden[:, begin:end],
                         None if step.padding_mask is None else step.padding_mask[:, begin:end],
                         step.hypo_ids if begin == 0 else None, prompts=_prompts_within(step.prompts, begin, end))
-            outputs.append(await self._submit(self._inference_work(session_id, cache, part)))
+            work = self._inference_work(session_id, cache, part)
+            outputs.append(await self._submit(work))
+            if clock is not None:
+                clock.add_pass(work.submitted, work.started, work.ended)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
     def _inference_work(self, session_id: str, cache: SessionCache, step: Step) -> _Work:
@@ -202,6 +211,7 @@ class Scheduler:
         if self._stopped:
             raise _moved_away()
         work.future = asyncio.get_running_loop().create_future()
+        work.submitted = time.perf_counter()
         heapq.heappush(self._queue, work)
         self._ready.set()
         self._arrived.set()
@@ -300,7 +310,15 @@ class Scheduler:
                     work.future.set_result(output)
 
     def _execute(self, batch: list[_Work]) -> list[tuple[Any, BaseException | None]]:
-        """On the compute thread: one pass for the batch, or each work alone if the pass fails."""
+        """On the compute thread: one pass for the batch (timed on each work), or each work alone if it fails."""
+        started = time.perf_counter()
+        results = self._execute_pass(batch)
+        ended = time.perf_counter()
+        for work in batch:
+            work.started, work.ended = started, ended
+        return results
+
+    def _execute_pass(self, batch: list[_Work]) -> list[tuple[Any, BaseException | None]]:
         with torch.inference_mode(batch[0].priority is not Priority.BACKWARD):
             if len(batch) > 1:
                 try:
