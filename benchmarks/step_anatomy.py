@@ -33,8 +33,10 @@ import argparse
 import asyncio
 import contextlib
 import statistics
+import os
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -49,6 +51,7 @@ from bloompeer import AutoDistributedModelForCausalLM, ClientConfig, NetworkConf
 from bloompeer.p2p import Step, StepOutput, framing, streams
 from bloompeer.peer.cli.default_model import write_random_checkpoint
 from bloompeer.peer.cli.local_swarm import LocalSwarm, split_blocks
+from bloompeer.peer.client.runtime import THREAD_NAME as CLIENT_THREAD
 from bloompeer.peer.server.step_clock import PHASES
 
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "bloompeer" / "demo_model"
@@ -57,6 +60,7 @@ MODELS = {  # name -> write_random_checkpoint arguments (None: the bundled demo 
     "bloom-560m": dict(num_blocks=24, hidden_size=1024, num_heads=16, vocab_size=250880, max_shard_size="1GB"),
 }
 MODES = {"push": True, "no push": False}
+MODES_FIRST = next(iter(MODES))
 DAEMON_TRIPS = {"push": 1.5, "no push": 2.0}  # round trips per step through 2 servers
 ECHO_PROTOCOL = "/bloompeer-bench/echo/1"
 
@@ -117,6 +121,53 @@ def _client_parts(tokens: list[float], wire: _WireClock) -> dict[str, list[float
         parts["in flight"].append(answered[-1] - sent[0] - parts["between hops"][-1])
         parts["client after"].append(end - answered[-1])
     return parts
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _thread_cpu_s(pid: int) -> dict[int, float]:
+    """{thread id: user + system CPU seconds} of a process's threads, from /proc."""
+    times = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            with open(f"/proc/{pid}/task/{tid}/stat") as file:
+                fields = file.read().rsplit(")", 1)[1].split()
+            times[int(tid)] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    return times
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as file:
+        return [int(child) for child in file.read().split()]
+
+
+class _CpuMeter:
+    """CPU seconds by role, read from /proc around a generation: unlike wall time, what our own code
+    costs per step shows through the machine's other load (a busy machine delays a thread, it does
+    not make it spend more CPU; its caches do, a little)."""
+
+    def __init__(self, swarm: LocalSwarm):
+        me = os.getpid()
+        network = [(me, thread.native_id) for thread in threading.enumerate() if thread.name == CLIENT_THREAD]
+        peers = {server.pid for server in swarm.servers} | {swarm.bootstrap.pid}
+        self.roles: dict[str, list[tuple[int, int | None]]] = {  # role -> (pid, tid or None: every other thread)
+            "client: generate's thread": [(me, me)], "client: network threads": network,
+            "servers: event loops": [(server.pid, server.pid) for server in swarm.servers],
+            "servers: compute threads": [(server.pid, None) for server in swarm.servers],
+            "libp2p daemons": [(daemon, None) for peer in (me, *(server.pid for server in swarm.servers))
+                               for daemon in _children(peer) if daemon not in peers],
+        }
+
+    def read(self) -> dict[str, float]:
+        totals = {}
+        for role, threads in self.roles.items():
+            totals[role] = 0.0
+            for pid, tid in threads:
+                cpu = _thread_cpu_s(pid)
+                taken = {t for role_threads in self.roles.values() for p, t in role_threads if p == pid and t}
+                totals[role] += cpu.get(tid, 0.0) if tid else sum(v for t, v in cpu.items() if t not in taken)
+        return totals
 
 
 def _scrape_phases(url: str) -> dict[str, tuple[float, float]]:
@@ -212,7 +263,8 @@ def bench(name: str, args: argparse.Namespace) -> dict:
         frame_bytes = len(framing.pack(Step(0, hidden).to_wire())) + framing.HEADER_BYTES
         for model in (local, *clients.values()):
             _generate(model, prompt, 4)  # warm-up: caches, route, connections
-        results = {"local": [], "echo": [], **{mode: {"parts": {}, "phases": {}, "rounds": []} for mode in MODES}}
+        meter = _CpuMeter(swarm)
+        results = {"local": [], "echo": [], **{mode: {"parts": {}, "phases": {}, "rounds": [], "cpu": {}} for mode in MODES}}
         for round_index in range(args.rounds):
             print(f"[{name}] round {round_index + 1} of {args.rounds}...", file=sys.stderr, flush=True)
             times = _generate(local, prompt, args.new_tokens)
@@ -221,13 +273,18 @@ def bench(name: str, args: argparse.Namespace) -> dict:
             for mode, model in clients.items():
                 wire.sent.clear(), wire.answered.clear()
                 counts = [phases["compute"][1] for phases in _phases_after(urls, [0.0] * len(urls))]
-                before = []  # once the prompt's step is counted: the figures cover decode steps only
+                before, cpu_before = [], {}  # once the prompt's step is counted: decode steps only
 
                 def after_prompt():
                     before.extend(_phases_after(urls, [count + 1 for count in counts]))
+                    cpu_before.update(meter.read())
 
                 parts = _client_parts(_generate(model, prompt, args.new_tokens, after_prompt), wire)
+                cpu_after = meter.read()
                 after = _phases_after(urls, [count + args.new_tokens for count in counts])
+                for role, seconds in cpu_after.items():
+                    results[mode]["cpu"][role] = results[mode]["cpu"].get(role, 0.0) + (
+                        seconds - cpu_before[role]) / (args.new_tokens - 1)
                 for part, values in parts.items():
                     results[mode]["parts"].setdefault(part, []).extend(values)
                 for phase in PHASES:
@@ -263,6 +320,10 @@ def report(name: str, results: dict) -> None:
             rows.setdefault(row, []).append(value)
     for row, values in rows.items():
         print(f"  {row:<28}" + "".join(f"{value:>10.3f}" for value in values))
+    print(f"  {'CPU (ms per step, mean)':<28}" + "".join(f"{mode:>10}" for mode in MODES))
+    rounds = len(results[MODES_FIRST]["rounds"])
+    for role in results[MODES_FIRST]["cpu"]:
+        print(f"  {role:<28}" + "".join(f"{results[mode]['cpu'][role] / rounds * ms:>10.3f}" for mode in MODES))
     for mode in MODES:
         per_round = " ".join(f"{step * ms:.2f}" for step in results[mode]["rounds"])
         print(f"  step per round ({mode}): {per_round} ms")

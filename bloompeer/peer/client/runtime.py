@@ -76,11 +76,14 @@ class Cancellation:
             self._tasks.pop(task, None)
 
 
+THREAD_NAME = "bloompeer-client"  # the network thread's name (benchmarks/step_anatomy.py finds it by it)
+
+
 class ClientRuntime:
     def __init__(self, grace_s: float = SHUTDOWN_GRACE_S):
         self.grace_s = grace_s
         self._loop = uvloop.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="bloompeer-client", daemon=True)
+        self._thread = threading.Thread(target=self._loop.run_forever, name=THREAD_NAME, daemon=True)
         self._lock = threading.Lock()  # guards _closing and _pending between submitting and shutting down
         self._closing = False
         self._pending: set[concurrent.futures.Future] = set()  # submitted, not done: failed if left at the end
