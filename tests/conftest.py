@@ -58,11 +58,11 @@ _DEEPSEEK_EXPERTS = dict(n_routed_experts=8, num_experts_per_tok=3, moe_intermed
 _LATENT_ATTENTION = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                          rms_norm_eps=1e-5)
 DEEPSEEK_FAMILY = {
-    # a query LoRA, DeepSeek's interleaved rotation, YaRN (its mscale in the softmax scale) trained for 8 tokens
-    # of 32, 2 groups of 4 experts kept of 4, weights renormalized and scaled
+    # a query LoRA, DeepSeek's interleaved rotation, YaRN (its mscale in the softmax scale) trained for 16 tokens
+    # of 64, 4 groups of 2 experts (2 groups kept), weights renormalized and scaled
     "deepseek_v3": dict(model_type="deepseek_v3", q_lora_rank=24, n_group=4, topk_group=2, routed_scaling_factor=2.5,
-                        max_position_embeddings=32, rope_parameters=dict(
-                            rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8,
+                        max_position_embeddings=64, rope_parameters=dict(
+                            rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
                             mscale=0.8, mscale_all_dim=1.0, beta_fast=32, beta_slow=1),
                         **_LATENT_ATTENTION, **_DEEPSEEK_EXPERTS),
     # no query LoRA, Llama's rotation, plain rope, one group, weights as chosen

@@ -16,7 +16,7 @@ from bloompeer.blocks.moe import SparseMoe
 
 from ..conftest import DEEPSEEK_FAMILY
 
-# a text past YaRN's original 8 positions, left-padded in one row
+# a text past YaRN's original 16 positions, left-padded in one row
 IDS = torch.tensor([[0, 0, 0, *range(5, 22)], list(range(30, 50))])
 MASK = torch.tensor([[0, 0, 0] + [1] * 17, [1] * 20]).bool()
 CHUNKS = [(0, 9), (9, 1), (10, 1), (11, 4), (15, 1), (13, 3), (16, 4)]  # (13, 3): 2 rejected tokens rolled back
