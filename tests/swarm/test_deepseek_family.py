@@ -21,12 +21,13 @@ from contextlib import ExitStack
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LogitsProcessorList
+from transformers import AutoModelForCausalLM, FineGrainedFP8Config, LogitsProcessorList
 
 from bloompeer import AutoDistributedModelForCausalLM, DistributedLlamaForCausalLM
 from bloompeer.peer.cli.local_swarm import stop_in_parallel
 
 from ..conftest import DEEPSEEK_FAMILY
+from ..helpers.fp8 import write_fp8_checkpoint
 from .conftest import AtCall
 from .deep_prompts import assert_prompt_gradients_equal
 from .test_llama_family import SESSIONS
@@ -198,3 +199,19 @@ def test_a_server_killed_mid_generation_is_replayed_around(start_servers, swarm,
                                logits_processor=LogitsProcessorList([AtCall(4, kill_the_first_span)]))
     assert victims and victims[0].process.wait(timeout=30) != 0
     assert tokens.tolist() == expected.tolist()
+
+
+@torch.inference_mode()
+def test_deepseek_served_from_its_fp8_checkpoint_generates_as_transformers_loads_it(start_servers, swarm,
+                                                                                   deepseek_checkpoints, tmp_path):
+    """The published layout (every linear weight of the blocks float8_e4m3fn with weight_scale_inv per block):
+    servers dequantize each block as it loads; the tokens equal those of transformers' model loaded from the
+    same files (its own dequantization)."""
+    path = write_fp8_checkpoint(deepseek_checkpoints["deepseek_v3"],
+                                tmp_path / f"deepseek-fp8-{time.monotonic_ns() % 10**8}")
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, experts_implementation="grouped_mm",
+                                                     quantization_config=FineGrainedFP8Config(dequantize=True)).eval()
+    start_servers([(0, 2), (2, 4)], model=path)
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm)) as ours:
+        assert ours.generate(PROMPT, **kwargs).tolist() == reference.generate(PROMPT, **kwargs).tolist()

@@ -6,7 +6,7 @@ through either way of computing latent attention, and the cache holds the latent
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache, FineGrainedFP8Config
 
 from bloompeer.blocks import Segment, open_checkpoint
 from bloompeer.blocks.kv_cache import CacheLayout
@@ -15,6 +15,7 @@ from bloompeer.blocks.mla import LatentAttention, softmax_scale
 from bloompeer.blocks.moe import SparseMoe
 
 from ..conftest import DEEPSEEK_FAMILY
+from ..helpers.fp8 import write_fp8_checkpoint
 
 # a text past YaRN's original 16 positions, left-padded in one row
 IDS = torch.tensor([[0, 0, 0, *range(5, 22)], list(range(30, 50))])
@@ -159,3 +160,31 @@ def test_a_sessions_tokens_are_computed_alike_whatever_shares_its_pass(variant):
     together = span.forward_segments(segments)
     for segment, output in zip(segments, together):
         torch.testing.assert_close(output, span(segment.hidden), rtol=0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def fp8_deepseek(deepseek_checkpoints, tmp_path_factory):
+    return write_fp8_checkpoint(deepseek_checkpoints["deepseek_v3"], tmp_path_factory.mktemp("fp8") / "deepseek_v3")
+
+
+@torch.no_grad()
+def test_deepseek_published_in_fp8_loads_as_transformers_dequantizes_it(fp8_deepseek, deepseek_checkpoints):
+    """The published layout (float8_e4m3fn weights, weight_scale_inv per 8 x 8 block here, 128 x 128 in
+    DeepSeek's files, quantization_config fp8): our weights are transformers' dequantized ones, bit for bit,
+    and the float ones rounded; a full forward is transformers' own."""
+    reference = AutoModelForCausalLM.from_pretrained(
+        fp8_deepseek, dtype=torch.float32, experts_implementation="grouped_mm",
+        quantization_config=FineGrainedFP8Config(dequantize=True)).eval()
+    span = open_checkpoint(fp8_deepseek).load_span(0, 4, torch.float32)
+    theirs = reference.model.layers[1]
+    ours = span.blocks[1]
+    assert torch.equal(ours.self_attn.kv_b_proj.weight, theirs.self_attn.kv_b_proj.weight)
+    assert torch.equal(ours.self_attn.q_a_proj.weight, theirs.self_attn.q_a_proj.weight)
+    gate, up = theirs.mlp.experts.gate_up_proj[5].chunk(2, dim=0)
+    assert torch.equal(ours.feed_forward.experts[5].up_proj.weight, up)
+    floats = open_checkpoint(deepseek_checkpoints["deepseek_v3"]).load_span(1, 2, torch.float32).blocks[0]
+    error = (ours.self_attn.q_a_proj.weight - floats.self_attn.q_a_proj.weight).norm()
+    assert 0 < error < 0.1 * floats.self_attn.q_a_proj.weight.norm()  # rounded to 8 bits, not garbled
+    expected = reference.model(IDS, attention_mask=MASK, position_ids=_positions(MASK)).last_hidden_state
+    hidden = span(reference.model.embed_tokens(IDS), MASK)
+    torch.testing.assert_close(reference.model.norm(hidden)[MASK], expected[MASK], rtol=0, atol=0)
