@@ -14,24 +14,24 @@ from __future__ import annotations
 import copy
 import functools
 import shutil
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, FineGrainedFP8Config, LogitsProcessorList
+from transformers import AutoModelForCausalLM, FineGrainedFP8Config
 
 from bloompeer import AutoDistributedModelForCausalLM, DistributedLlamaForCausalLM
 from bloompeer.peer.cli.local_swarm import stop_in_parallel
 
 from ..conftest import DEEPSEEK_FAMILY
 from ..helpers.fp8 import write_fp8_checkpoint
-from .conftest import AtCall
 from .deep_prompts import assert_prompt_gradients_equal
 from .test_llama_family import SESSIONS
-from .test_moe_family import PADDED, PADDED_MASK, PROMPT, _client_config
+from .test_moe_family import (  # noqa: F401 (rewinds: a fixture)
+    PADDED, PADDED_MASK, PROMPT, _client_config, assert_replayed_around_a_kill, rewinds,
+)
 
 NEW_TOKENS = 14  # PROMPT's 11 tokens and these: 25 positions, past YaRN's original 16
 VARIANTS = sorted(DEEPSEEK_FAMILY)  # deepseek_v3, deepseek_v3-no-q-lora, glm4_moe
@@ -113,22 +113,6 @@ def test_left_padded_batch_and_beam_search(pair):
     assert ours.generate(PADDED, **beams).tolist() == reference.generate(PADDED, **beams).tolist()
 
 
-@pytest.fixture
-def rewinds(monkeypatch) -> list[int]:
-    """Every position a session's cache was rolled back to during the test."""
-    from bloompeer.peer.client.inference_session import InferenceSession
-
-    seen, rewind = [], InferenceSession.rewind
-
-    def recording(session, position):
-        if position < session.position:
-            seen.append(position)
-        return rewind(session, position)
-
-    monkeypatch.setattr(InferenceSession, "rewind", recording)
-    return seen
-
-
 @torch.inference_mode()
 @pytest.mark.parametrize("how", ["draft-model", "prompt-lookup"])
 @pytest.mark.parametrize("name", LATENT)
@@ -184,21 +168,7 @@ def own_deepseek(deepseek_checkpoints, tmp_path):
 @torch.inference_mode()
 def test_a_server_killed_mid_generation_is_replayed_around(start_servers, swarm, own_deepseek, references):
     """The client replays its inputs to the replacement server, which rebuilds the latent cache from them."""
-    reference = references("deepseek_v3")
-    servers = start_servers([(0, 2), (2, 4), (0, 2), (2, 4)], model=own_deepseek)
-    expected = reference.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-    victims = []
-
-    def kill_the_first_span():
-        peer = ours.active_session.route[0].peer_id_str
-        victims.append(next(server for server in servers if server.peer_id_str == peer))
-        victims[0].signal(signal.SIGKILL)
-
-    with AutoDistributedModelForCausalLM.from_pretrained(own_deepseek, client_config=_client_config(swarm)) as ours:
-        tokens = ours.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                               logits_processor=LogitsProcessorList([AtCall(4, kill_the_first_span)]))
-    assert victims and victims[0].process.wait(timeout=30) != 0
-    assert tokens.tolist() == expected.tolist()
+    assert_replayed_around_a_kill(start_servers, swarm, own_deepseek, references("deepseek_v3"))
 
 
 @torch.inference_mode()
