@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import torch
-from transformers import AutoTokenizer, BloomForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, BloomForCausalLM
 
 from bloompeer.p2p import NetworkConfig, PeerNode
 from bloompeer.peer.cli.default_model import write_random_checkpoint
@@ -47,6 +47,31 @@ MOE_FAMILY = {
                       mlp_only_layers=[1], norm_topk_prob=True, head_dim=32),  # 3 experts a token; block 1 dense
     "gpt_oss": dict(model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
                     head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"] * 2),  # sinks
+}
+# DeepSeek-V3's architecture (multi-head latent attention, DeepSeek's experts) and GLM-4.5's (those experts on
+# grouped-query attention), one checkpoint per thing they must get right (tests/unit/test_deepseek_blocks.py
+# computes their blocks against transformers; tests/swarm/test_deepseek_family.py serves them). Each has a
+# dense block 0 (first_k_dense_replace) and routes 3 of 8 experts within the best of its groups, with a
+# random correction bias (deepseek_checkpoints) that changes which experts are chosen but not their weights.
+_DEEPSEEK_EXPERTS = dict(n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=1,
+                         first_k_dense_replace=1)
+_LATENT_ATTENTION = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                         rms_norm_eps=1e-5)
+DEEPSEEK_FAMILY = {
+    # a query LoRA, DeepSeek's interleaved rotation, YaRN (its mscale in the softmax scale) trained for 16 tokens
+    # of 64, 4 groups of 2 experts (2 groups kept), weights renormalized and scaled
+    "deepseek_v3": dict(model_type="deepseek_v3", q_lora_rank=24, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                        max_position_embeddings=64, rope_parameters=dict(
+                            rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
+                            mscale=0.8, mscale_all_dim=1.0, beta_fast=32, beta_slow=1),
+                        **_LATENT_ATTENTION, **_DEEPSEEK_EXPERTS),
+    # no query LoRA, Llama's rotation, plain rope, one group, weights as chosen
+    "deepseek_v3-no-q-lora": dict(model_type="deepseek_v3", q_lora_rank=None, rope_interleave=False, n_group=1,
+                                  topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.0,
+                                  **_LATENT_ATTENTION, **_DEEPSEEK_EXPERTS),
+    # grouped-query attention rotating half of each head, q/k/v biases, q/k norms, 2 groups, 1 kept
+    "glm4_moe": dict(model_type="glm4_moe", attention_bias=True, use_qk_norm=True, head_dim=32, n_group=2, topk_group=1,
+                     routed_scaling_factor=1.5, **_DEEPSEEK_EXPERTS),
 }
 # The Qwen3 checkpoint's tokenizer has a chat template of its own (`bloompeer api` must use it).
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -80,6 +105,26 @@ def moe_checkpoints(tmp_path_factory) -> dict[str, Path]:
     return {name: write_random_checkpoint(root / name, num_blocks=TINY_BLOCKS, hidden_size=64, num_heads=4, seed=3,
                                           initializer_range=0.15, max_shard_size="100KB", **fields)
             for name, fields in MOE_FAMILY.items()}
+
+
+@pytest.fixture(scope="session")
+def deepseek_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """DEEPSEEK_FAMILY's checkpoints (4 blocks, hidden 64), each sharded over a few files, with a random
+    e_score_correction_bias (transformers initializes it to zeros)."""
+    root = tmp_path_factory.mktemp("deepseek-family")
+    paths = {}
+    for name, fields in DEEPSEEK_FAMILY.items():
+        path = write_random_checkpoint(root / name, num_blocks=TINY_BLOCKS, hidden_size=64, num_heads=4, seed=4,
+                                       initializer_range=0.15, max_shard_size="100KB", **fields)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        generator = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for layer in model.model.layers[fields["first_k_dense_replace"]:]:
+                bias = layer.mlp.gate.e_score_correction_bias
+                bias.copy_(0.1 * torch.randn(bias.shape, generator=generator))
+        model.save_pretrained(path, max_shard_size="100KB")
+        paths[name] = path
+    return paths
 
 
 @pytest.fixture(scope="session")

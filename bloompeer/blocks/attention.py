@@ -16,9 +16,9 @@ __all__ = ["as_key_bias", "attention_with_sinks", "grouped_attention"]
 
 def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_bias: torch.Tensor,
                       scale: float) -> torch.Tensor:
-    """Attention of query [batch, heads, new, head_dim] over key/value [batch, kv_heads, kv_length,
-    head_dim] (a view of the cache), key_bias [batch, 1, new, kv_length] (see `as_key_bias`):
-    [batch, heads, new, head_dim].
+    """Attention of query [batch, heads, new, head_dim] over key [batch, kv_heads, kv_length, head_dim]
+    and value [batch, kv_heads, kv_length, value_dim] (views of the cache), key_bias [batch, 1, new,
+    kv_length] (see `as_key_bias`): [batch, heads, new, value_dim].
 
     Query head h uses key/value head h // (heads / kv_heads). Rather than repeating each key/value
     head for its query heads (a copy of the whole past per step), a key/value head's query heads
@@ -30,7 +30,7 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         if num_new > 1:
             key_bias = key_bias[:, :, None].expand(-1, -1, repeats, -1, -1).reshape(batch, 1, repeats * num_new, -1)
     output = F.scaled_dot_product_attention(query, key, value, attn_mask=key_bias, scale=scale)
-    return output.reshape(batch, heads, num_new, head_dim)
+    return output.reshape(batch, heads, num_new, value.shape[-1])  # values may be narrower (MLA's)
 
 
 def attention_with_sinks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_bias: torch.Tensor,

@@ -21,6 +21,7 @@ from torch import nn
 from transformers import BloomConfig
 
 from .family import ClientParts, ModelFamily
+from .kv_cache import CacheLayout
 from .span import BlockSpan, Linear, Segment, allowed_keys
 
 __all__ = ["BLOOM", "BloomSpan", "alibi_bias", "bloom_gelu"]
@@ -146,9 +147,9 @@ class BloomSpan(BlockSpan):
     def num_heads(self) -> int:
         return self.config.n_head
 
-    @property
-    def kv_heads(self) -> int:
-        return self.config.n_head
+    @classmethod
+    def cache_layout(cls, config: BloomConfig, layer_idx: int) -> CacheLayout:
+        return CacheLayout.keys_and_values(config.n_head, config.hidden_size // config.n_head)
 
     @property
     def head_dim(self) -> int:
@@ -183,7 +184,7 @@ class BloomSpan(BlockSpan):
         key = fused_qkv[..., 1, :].transpose(1, 2)
         value = fused_qkv[..., 2, :].transpose(1, 2)
         if segment.cache is not None:
-            key, value = segment.cache.update(key, value, attn.layer_idx)  # [batch, heads, kv_length, head_dim]
+            key, value = segment.cache.update(attn.layer_idx, key, value)  # [batch, heads, kv_length, head_dim]
         query = query.reshape(batch * heads, -1, head_dim)
         key = key.reshape(batch * heads, -1, head_dim).transpose(-1, -2)
         value = value.reshape(batch * heads, -1, head_dim)

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from ..errors import RequestError
 from .families import family_for_model_type
-from .published_formats import dequantize_published, is_stored_packed
+from .published_formats import dequantize_published, kept_as_stored
 from .family import ModelFamily
 from .span import BlockSpan
 
@@ -99,9 +99,9 @@ class Checkpoint:
             raise CheckpointError(f"{self.name_or_path}: {exc}") from None
 
     @property
-    def quant_method(self) -> str | None:
-        """How the authors published its weights, if not in a float dtype: "mxfp4" (published_formats.py)."""
-        return (self._config_json.get("quantization_config") or {}).get("quant_method")
+    def quantization_config(self) -> dict | None:
+        """How the authors published its weights, if not in a float dtype (published_formats.py)."""
+        return self._config_json.get("quantization_config")
 
     def config(self):
         """The model's transformers config (BloomConfig, LlamaConfig, Qwen3Config, ...), a new object each
@@ -159,7 +159,7 @@ class Checkpoint:
                 with safe_open(self.file(shard), framework="pt") as f:
                     for name, stored in names:
                         tensor = f.get_tensor(stored)
-                        tensors[name] = tensor if is_stored_packed(tensor) else tensor.to(dtype)
+                        tensors[name] = tensor if kept_as_stored(name, tensor) else tensor.to(dtype)
                         progress.update()
         return tensors
 
@@ -180,7 +180,7 @@ class Checkpoint:
             tensors = self.load_tensors((prefix,), dtype, desc=None)
             state = {name.removeprefix(prefix): tensor for name, tensor in tensors.items()}
             try:
-                state = span.block_state(dequantize_published(state, self.quant_method, dtype))
+                state = span.block_state(dequantize_published(state, self.quantization_config, dtype))
             except ValueError as exc:
                 raise CheckpointError(f"{self.name_or_path}: block {index}: {exc}") from None
             try:

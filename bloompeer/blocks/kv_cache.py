@@ -1,18 +1,29 @@
-"""The attention (KV) cache of one inference session over a span of blocks, for every model family.
+"""The attention cache of one inference session over a span of blocks, laid out as each family says.
 
-It is allocated whole when the session opens, for its declared batch and max_length, so a
-server knows its memory use up front and never runs out halfway through a generation; a step
-writes its tokens in place, so no step copies the past. A token takes 2 x kv_heads x head_dim
-values per block: the key/value heads, which grouped-query attention (the Llama family) has fewer
-of than query heads. The keys and values never leave the server: a client replays its inputs to
-rebuild them.
+What a token leaves behind in a block is the family's answer (`BlockSpan.cache_layout`, a
+`CacheLayout`): keys and values per key/value head for grouped-query attention (BLOOM, the Llama
+family), or multi-head latent attention's one compressed latent and one rotated key, shared by every
+head (DeepSeek-V3: 512 + 64 values a token where 128 heads' keys and values would be 32768). The rest
+of bloompeer takes that answer: its bytes size the cache budget and the room a server announces, and
+everything below (append, rollback, beam reordering) works on any layout.
+
+A session's cache is allocated whole when it opens, for its declared batch and max_length, so a
+server knows its memory use up front and never runs out halfway through a generation; a step writes
+its tokens in place, so no step copies the past. Every layout is positional: token i's entries sit at
+index i, so rolling k tokens back (a speculative step's rejected tokens, a failed step) is only
+writing the next step at an earlier position, and the entries past it are never read again. The
+entries never leave the server: a client replays its inputs to rebuild them (on any server, whatever
+its layout).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["SessionCache", "token_positions"]
+__all__ = ["CacheLayout", "CachePart", "SessionCache", "token_positions"]
 
 
 def token_positions(padding_mask: torch.Tensor) -> torch.Tensor:
@@ -21,29 +32,78 @@ def token_positions(padding_mask: torch.Tensor) -> torch.Tensor:
     return (padding_mask.long().cumsum(-1) - 1).masked_fill(~padding_mask, 0)
 
 
-class SessionCache:
-    """Keys, values and the padding mask for blocks [start, end) of one session.
+@dataclass(frozen=True)
+class CachePart:
+    """One tensor a block keeps per token: `heads` vectors of `width` values."""
 
-    A family's attention calls `update(key, value, layer_idx)` once per block with the new tokens'
-    keys and values; `begin_step` says where in the sequence they go.
+    name: str
+    heads: int
+    width: int
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What one block keeps per token of a session, in the order its attention's `update` passes them."""
+
+    parts: tuple[CachePart, ...]
+
+    @classmethod
+    def keys_and_values(cls, kv_heads: int, head_dim: int) -> CacheLayout:
+        """Grouped-query (or multi-head) attention's: a key and a value per key/value head."""
+        return cls((CachePart("keys", kv_heads, head_dim), CachePart("values", kv_heads, head_dim)))
+
+    @property
+    def values_per_token(self) -> int:
+        return sum(part.heads * part.width for part in self.parts)
+
+    def nbytes_per_token(self, dtype: torch.dtype) -> int:
+        return self.values_per_token * torch.empty((), dtype=dtype).element_size()
+
+
+class SessionCache:
+    """The cached entries and the padding mask for blocks [start, end) of one session.
+
+    `layouts[i]` is block start + i's layout. A family's attention calls `update(layer_idx, *new)` once
+    per block with the new tokens' entries, one tensor per part of its layout; `begin_step` says where
+    in the sequence they go. Blocks of one layout share one tensor per part, [block, batch, heads,
+    position, width] (the layout BLOOM's and the Llama family's keys and values have always had).
     """
 
-    def __init__(self, kv_heads: int, head_dim: int, start: int, end: int, batch: int, max_length: int,
+    def __init__(self, layouts: Sequence[CacheLayout], start: int, end: int, batch: int, max_length: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu"):
-        shape = (end - start, batch, kv_heads, max_length, head_dim)  # [block, batch, kv head, position, head_dim]
+        if len(layouts) != end - start:
+            raise ValueError(f"{len(layouts)} cache layouts for blocks {start}:{end}")
         self.start, self.end, self.batch, self.max_length = start, end, batch, max_length
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.layouts = tuple(layouts)
+        # one stack of tensors per distinct layout; each block's entries are views into its layout's stack
+        stacks = {layout: tuple(torch.zeros(self.layouts.count(layout), batch, part.heads, max_length, part.width,
+                                            dtype=dtype, device=device) for part in layout.parts)
+                  for layout in dict.fromkeys(self.layouts)}
+        self._stacks = list(stacks.values())
+        seen = {layout: 0 for layout in stacks}
+        self._blocks: list[tuple[torch.Tensor, ...]] = []
+        for layout in self.layouts:
+            self._blocks.append(tuple(stack[seen[layout]] for stack in stacks[layout]))
+            seen[layout] += 1
         self.padding_mask = torch.ones(batch, max_length, dtype=torch.bool, device=device)  # False at padding
         self.length = 0  # tokens cached so far
         self.rope_length: int | None = None  # dynamic rope's longest sequence so far (see blocks/rope.py)
         self._write_at = 0
 
+    @property
+    def keys(self) -> torch.Tensor:
+        """The keys of a span whose blocks all cache keys and values: [block, batch, kv head, position, head_dim]."""
+        return self._stacks[0][0]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self._stacks[0][1]
+
     @staticmethod
-    def nbytes(kv_heads: int, head_dim: int, num_blocks: int, batch: int, max_length: int,
-               dtype: torch.dtype) -> int:
-        element_size = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_blocks * batch * max_length * kv_heads * head_dim * element_size + batch * max_length
+    def nbytes(layouts: Sequence[CacheLayout], batch: int, max_length: int, dtype: torch.dtype) -> int:
+        """What a cache of these blocks' layouts takes: every block's entries, and the padding mask once."""
+        per_token = sum(layout.nbytes_per_token(dtype) for layout in layouts)
+        return batch * max_length * per_token + batch * max_length
 
     def begin_step(self, position: int, padding_mask: torch.Tensor | None, num_new: int) -> torch.Tensor:
         """Place the next `num_new` tokens at `position` (<= length: a rewind drops the rest).
@@ -58,13 +118,16 @@ class SessionCache:
 
     def reorder(self, hypo_ids: torch.Tensor) -> None:
         """Beam search: row i of the batch continues from row hypo_ids[i]."""
-        self.keys[:, :, :, : self.length] = self.keys[:, hypo_ids, :, : self.length]
-        self.values[:, :, :, : self.length] = self.values[:, hypo_ids, :, : self.length]
+        for stack in self._stacks:
+            for tensor in stack:
+                tensor[:, :, :, : self.length] = tensor[:, hypo_ids, :, : self.length]
         self.padding_mask[:, : self.length] = self.padding_mask[hypo_ids, : self.length]
 
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store [batch, kv heads, new, head_dim]; return views of all keys/values so far."""
-        block, end = layer_idx - self.start, self._write_at + key.shape[2]
-        self.keys[block, :, :, self._write_at : end] = key
-        self.values[block, :, :, self._write_at : end] = value
-        return self.keys[block, :, :, :end], self.values[block, :, :, :end]
+    def update(self, layer_idx: int, *new: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Store the new tokens' entries of block `layer_idx`, one [batch, heads, new, width] per part of its
+        layout; return views of all its entries so far ([batch, heads, kv_length, width] each)."""
+        entries = self._blocks[layer_idx - self.start]
+        end = self._write_at + new[0].shape[2]
+        for stored, part in zip(entries, new, strict=True):
+            stored[:, :, self._write_at : end] = part
+        return tuple(stored[:, :, :end] for stored in entries)

@@ -12,6 +12,9 @@ of Mistral and of Qwen2/Qwen3's later layers (masked by cache index; the cache k
 A mixture of experts is its dense base with sparse MLPs (moe.py): Mixtral is Mistral with experts,
 Qwen3-MoE Qwen3 with experts (and dense layers among them), Qwen2-MoE Qwen2 with experts and a shared
 expert, gpt-oss Llama with biases, attention sinks, alternating windows and its own experts.
+DeepSeek-V3 is Llama with multi-head latent attention (mla.py, which caches a latent, not keys and
+values) and DeepSeek's experts (a group-limited sigmoid router, shared experts, dense first layers);
+GLM-4.5 is those experts on Llama's attention with partial rotary, biases and optional q/k norms.
 
 Attention (attention.py) is PyTorch's scaled_dot_product_attention with an explicit mask (a session's
 padding, causality and window), or gpt-oss's with sinks; neither copies the keys and values.
@@ -32,11 +35,14 @@ from torch import nn
 
 from .attention import as_key_bias, attention_with_sinks, grouped_attention
 from .family import ClientParts, ModelFamily
-from .kv_cache import token_positions
+from .kv_cache import CacheLayout, token_positions
+from .mla import LatentAttention, latent_layout
 from .moe import (
-    GptOssExpert, MixtralExpert, Router, SparseMoe, softmax_then_top_k, split_fused_experts, top_k_then_softmax,
+    GptOssExpert, GroupLimitedRouter, MixtralExpert, Router, SparseMoe, softmax_then_top_k, split_fused_experts,
+    top_k_then_softmax,
 )
-from .rope import RotaryFrequencies, rope_frequencies
+from .rms_norm import RMSNorm
+from .rope import RotaryFrequencies, rope_frequencies, rotate_half
 from .span import BlockSpan, Linear, Segment, allowed_keys
 
 __all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "SwiGLU", "Variant", "variant_of"]
@@ -60,6 +66,11 @@ class Variant:
     # (config, layer) -> (experts, experts a token uses), (0, 0) for a dense layer; None: every layer dense
     experts: Callable[[object, int], tuple[int, int]] | None = None
     convert: Callable[[dict], dict] | None = None  # a block's tensors as stored -> as its modules name them
+    partial_rotary: bool = False  # rotate only the first partial_rotary_factor of each head (GLM-4.5)
+    # (config, layer) -> its attention part with a `compute` of its own and its cache layout (DeepSeek-V3's
+    # latent attention); None: grouped-query attention caching keys and values
+    make_attention: Callable[[object, int], nn.Module] | None = None
+    cache_layout: Callable[[object], CacheLayout] | None = None
 
 
 def _layer_windows(config) -> tuple[int | None, ...]:
@@ -106,6 +117,26 @@ def _gpt_oss_mlp(config, layer_idx: int) -> nn.Module:
                      config.num_experts_per_tok, top_k_then_softmax)
 
 
+def _deepseek_experts(config, layer_idx: int) -> tuple[int, int]:
+    """DeepSeek-V3, GLM-4.5: dense below first_k_dense_replace, sparse from there on."""
+    if layer_idx < config.first_k_dense_replace:
+        return 0, 0
+    return config.n_routed_experts, config.num_experts_per_tok
+
+
+def _deepseek_mlp(config, layer_idx: int) -> nn.Module | None:
+    """A sparse layer's MLP: the group-limited router, routed experts and shared experts (n_shared_experts
+    of them as one MLP, as transformers builds it); None for a dense layer."""
+    if not _deepseek_experts(config, layer_idx)[0]:
+        return None
+    hidden, width = config.hidden_size, config.moe_intermediate_size
+    router = GroupLimitedRouter(hidden, config.n_routed_experts, config.n_group, config.topk_group,
+                                config.norm_topk_prob, config.routed_scaling_factor)
+    experts = [SwiGLU(hidden, width) for _ in range(config.n_routed_experts)]
+    return SparseMoe("gate", router, experts, config.num_experts_per_tok, None,
+                     SwiGLU(hidden, width * config.n_shared_experts), shared_name="shared_experts")
+
+
 _VARIANTS = {
     "llama": lambda c: Variant(qkv_bias=c.attention_bias, o_bias=c.attention_bias, mlp_bias=c.mlp_bias,
                                windows=(None,) * c.num_hidden_layers),
@@ -124,6 +155,10 @@ _VARIANTS |= {  # the mixtures of experts, each as its dense base's differences
                                  sinks=True, norm_weight_first=True, make_mlp=_gpt_oss_mlp,
                                  experts=_every_layer_sparse,
                                  convert=lambda state: split_fused_experts(state, "mlp.experts.")),
+    "deepseek_v3": lambda c: Variant(windows=(None,) * c.num_hidden_layers, make_attention=LatentAttention,
+                                     cache_layout=latent_layout, make_mlp=_deepseek_mlp, experts=_deepseek_experts),
+    "glm4_moe": lambda c: Variant(qkv_bias=c.attention_bias, qk_norm=c.use_qk_norm,
+                                  windows=(None,) * c.num_hidden_layers, partial_rotary=True, make_mlp=_deepseek_mlp, experts=_deepseek_experts),
 }
 
 
@@ -133,24 +168,6 @@ def variant_of(config) -> Variant:
 
 def head_dim_of(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-class RMSNorm(nn.Module):
-    """Root-mean-square norm, in float32 inside, as transformers computes it: the weight times the
-    normed value cast back (Llama's), or the cast after the weight (weight_first: OLMo 2's, gpt-oss's)."""
-
-    def __init__(self, size: int, eps: float, weight_first: bool = False):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps, self.weight_first = eps, weight_first
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        dtype = hidden.dtype
-        hidden = hidden.to(torch.float32)
-        variance = hidden.pow(2).mean(-1, keepdim=True)
-        if self.weight_first:
-            return (self.weight * (hidden * torch.rsqrt(variance + self.eps))).to(dtype)
-        return self.weight * (hidden * torch.rsqrt(variance + self.eps)).to(dtype)
 
 
 class _Attention(nn.Module):
@@ -192,7 +209,8 @@ class LlamaBlock(nn.Module):
     def __init__(self, config, variant: Variant, layer_idx: int, mlp: nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, variant.norm_weight_first)
-        self.self_attn = _Attention(config, variant, layer_idx)
+        self.self_attn = variant.make_attention(config, layer_idx) if variant.make_attention \
+            else _Attention(config, variant, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, variant.norm_weight_first)
         self.add_module(variant.mlp_name, mlp)
         self.mlp_name = variant.mlp_name
@@ -201,11 +219,6 @@ class LlamaBlock(nn.Module):
     def feed_forward(self) -> nn.Module:
         """The MLP, under whichever name its checkpoint gives it."""
         return self._modules[self.mlp_name]
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class _AttentionInputs:
@@ -248,14 +261,20 @@ class LlamaSpan(BlockSpan):
     def check_config(cls, config) -> None:
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not served (the Llama family's is silu)")
-        rope_frequencies(config, head_dim_of(config))  # raises for a rope type that is not served
+        variant = variant_of(config)
+        rope_frequencies(config, head_dim_of(config), variant.partial_rotary)  # raises for a rope type not served
         if config.num_attention_heads % config.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if variant.make_attention is LatentAttention and config.num_key_value_heads != config.num_attention_heads:
+            raise ValueError("latent attention expands its keys for every head: num_key_value_heads must equal "
+                             "num_attention_heads, as in DeepSeek-V3's config")
+        if variant.make_mlp is _deepseek_mlp and config.n_routed_experts % config.n_group:
+            raise ValueError("n_routed_experts must be a multiple of n_group")
 
     def __init__(self, config, start: int, end: int):
         self.variant = variant_of(config)
         super().__init__(config, start, end)
-        self.rope = rope_frequencies(config, self.head_dim)
+        self.rope = rope_frequencies(config, self.head_dim, self.variant.partial_rotary)
         self.scale = self.head_dim ** -0.5
         self._windows = {self.variant.windows[i] for i in range(start, end)}
 
@@ -278,9 +297,12 @@ class LlamaSpan(BlockSpan):
         convert = self.variant.convert
         return tensors if convert is None else convert(tensors)
 
-    @property
-    def kv_heads(self) -> int:
-        return self.config.num_key_value_heads
+    @classmethod
+    def cache_layout(cls, config, layer_idx: int) -> CacheLayout:
+        layout = variant_of(config).cache_layout
+        if layout is not None:
+            return layout(config)
+        return CacheLayout.keys_and_values(config.num_key_value_heads, head_dim_of(config))
 
     @property
     def head_dim(self) -> int:
@@ -295,7 +317,11 @@ class LlamaSpan(BlockSpan):
     def block_forward(self, block: LlamaBlock, hidden: torch.Tensor, attention: _PassAttention,
                       rows: list[int], linear: Linear) -> torch.Tensor:
         """LlamaDecoderLayer.forward: attention, then the MLP, each on its normed input and added back."""
-        hidden = hidden + self.attention(block.self_attn, block.input_layernorm(hidden), attention, rows, linear)
+        normed, attn = block.input_layernorm(hidden), block.self_attn
+        if hasattr(attn, "compute"):  # an attention part of the variant's own (latent attention)
+            hidden = hidden + attn.compute(normed, attention, rows, linear, self.per_segment)
+        else:
+            hidden = hidden + self.attention(attn, normed, attention, rows, linear)
         return hidden + block.feed_forward.compute(block.post_attention_layernorm(hidden), linear, rows)
 
     def attention(self, attn: _Attention, normed: torch.Tensor, attention: _PassAttention, rows: list[int],
@@ -316,7 +342,11 @@ class LlamaSpan(BlockSpan):
         if hasattr(attn, "q_norm"):
             query, key = attn.q_norm(query), attn.k_norm(key)
         cos, sin = attention.cos, attention.sin
-        return query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+        dim = self.rope.dim
+        if dim < self.head_dim:  # partial rotary (GLM-4.5): the rest of each head passes unrotated
+            return tuple(torch.cat([x[..., :dim] * cos + rotate_half(x[..., :dim]) * sin, x[..., dim:]], dim=-1)
+                         for x in (query, key))
+        return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
 
     def _attend(self, attn: _Attention, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 inputs: _AttentionInputs) -> torch.Tensor:
@@ -325,7 +355,7 @@ class LlamaSpan(BlockSpan):
         shape = (inputs.batch, inputs.num_new, -1, self.head_dim)
         query, key, value = (part.view(shape).transpose(1, 2) for part in (query, key, value))  # [batch, heads, new, dim]
         if inputs.cache is not None:
-            key, value = inputs.cache.update(key, value, attn.layer_idx)  # [batch, kv heads, kv_length, head_dim]
+            key, value = inputs.cache.update(attn.layer_idx, key, value)  # [batch, kv heads, kv_length, head_dim]
         if self.variant.sinks:
             context = attention_with_sinks(query, key, value, inputs.key_bias[attn.window], self.scale, attn.sinks)
         else:
@@ -343,7 +373,8 @@ LLAMA = ModelFamily(
     name="llama",
     config_classes={"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
                     "qwen3": "Qwen3Config", "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig",
-                    "qwen3_moe": "Qwen3MoeConfig", "gpt_oss": "GptOssConfig"},
+                    "qwen3_moe": "Qwen3MoeConfig", "gpt_oss": "GptOssConfig", "deepseek_v3": "DeepseekV3Config",
+                    "glm4_moe": "Glm4MoeConfig"},
     span_class=LlamaSpan,
     block_prefix_format="model.layers.{}.",
     stored_prefix="",

@@ -13,6 +13,10 @@ The router runs on each request's rows alone (`rows`): a token's experts never d
 sessions share the pass. Routers stay in the model's dtype under `--quant` (a quantized router picks
 other experts), so they are not nn.Linear layers: quantization and the batched-pass kernel take those.
 
+DeepSeek-V3's router (`GroupLimitedRouter`, GLM-4.5's too) scores experts by the sigmoid of float32
+logits and chooses among the best groups with a correction bias that the weights never see; its shared
+experts are a dense MLP every token goes through, added unweighted.
+
 Experts are per-expert nn.Linear layers named as hub checkpoints name them (`experts.{j}.gate_proj`,
 Mixtral's `experts.{j}.w1`), which quantization, the batched-pass kernel and the memory plan already
 know; gpt-oss ships its experts fused, and `split_fused_experts` cuts them apart as a block loads.
@@ -29,8 +33,8 @@ from torch import nn
 from .span import Linear
 
 __all__ = [
-    "GptOssExpert", "MixtralExpert", "Router", "SparseMoe", "softmax_then_top_k", "split_fused_experts",
-    "top_k_then_softmax",
+    "GptOssExpert", "GroupLimitedRouter", "MixtralExpert", "Router", "SparseMoe", "softmax_then_top_k",
+    "split_fused_experts", "top_k_then_softmax",
 ]
 
 Choice = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]  # (logits [T, E], k) -> weights, experts
@@ -49,6 +53,40 @@ class Router(nn.Module):
         if len(rows) == 1:
             return F.linear(hidden, self.weight, self.bias)
         return torch.cat([F.linear(part, self.weight, self.bias) for part in hidden.split(rows)])
+
+
+class GroupLimitedRouter(Router):
+    """DeepSeek-V3's router (DeepseekV3TopkRouter; GLM-4.5's is the same), as transformers computes it:
+    sigmoid scores of float32 logits; `e_score_correction_bias` added to choose, never to weigh; experts
+    in `num_groups` groups, each scored by its two best, the `top_groups` best groups kept, and the k best
+    experts of those (in topk's unsorted order, which sets the order of the slots' sum); the weights are
+    the chosen experts' scores, divided by their sum (+ 1e-20) if `renormalize`, times `scaling`.
+    Everything stays float32 (transformers keeps this router's weight in float32 whatever the dtype)."""
+
+    def __init__(self, hidden: int, num_experts: int, num_groups: int, top_groups: int, renormalize: bool,
+                 scaling: float):
+        super().__init__(hidden, num_experts)
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(num_experts))
+        self.num_groups, self.top_groups, self.renormalize, self.scaling = num_groups, top_groups, renormalize, scaling
+
+    def logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        weight = self.weight.float()
+        return torch.cat([F.linear(part.float(), weight) for part in hidden.split(rows)])
+
+    def choose(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = logits.sigmoid()  # [T, E]
+        for_choice = scores + self.e_score_correction_bias
+        grouped = for_choice.view(-1, self.num_groups, for_choice.shape[-1] // self.num_groups)
+        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)  # [T, groups]
+        groups = torch.topk(group_scores, k=self.top_groups, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, groups, 1)
+        expert_mask = group_mask.unsqueeze(-1).expand_as(grouped).reshape(-1, for_choice.shape[-1])
+        for_choice = for_choice.masked_fill(~expert_mask.bool(), float("-inf"))
+        experts = torch.topk(for_choice, k=k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, experts)
+        if self.renormalize:
+            weights /= weights.sum(dim=-1, keepdim=True) + 1e-20
+        return weights * self.scaling, experts
 
 
 def softmax_then_top_k(renormalize: bool, weights_dtype_of_logits: bool) -> Choice:
@@ -104,28 +142,31 @@ class GptOssExpert(nn.Module):
 
 class SparseMoe(nn.Module):
     """A block's sparse MLP: `router_name` (gate or router) picks `top_k` of `experts` per token with
-    `choose`; with a shared expert (Qwen2-MoE), every token also goes through it, weighted by
-    sigmoid(shared_expert_gate(x)), added after the routed experts' sum."""
+    `choose` (None: the router's own `choose`); with a shared expert, every token also goes through it,
+    added after the routed experts' sum: weighted by sigmoid(shared_expert_gate(x)) under Qwen2-MoE's
+    name `shared_expert`, unweighted under DeepSeek-V3's `shared_experts`."""
 
-    def __init__(self, router_name: str, router: Router, experts: list[nn.Module], top_k: int, choose: Choice,
-                 shared_expert: nn.Module | None = None):
+    def __init__(self, router_name: str, router: Router, experts: list[nn.Module], top_k: int, choose: Choice | None,
+                 shared_expert: nn.Module | None = None, shared_name: str = "shared_expert"):
         super().__init__()
-        self.router_name, self.top_k, self.choose = router_name, top_k, choose
+        self.router_name, self.top_k, self.choose = router_name, top_k, choose or router.choose
         self.add_module(router_name, router)
         self.experts = nn.ModuleList(experts)
+        self.shared_name = shared_name if shared_expert is not None else None
         if shared_expert is not None:
-            self.shared_expert = shared_expert
+            self.add_module(shared_name, shared_expert)
+        if shared_name == "shared_expert" and shared_expert is not None:
             self.shared_expert_gate = Router(router.weight.shape[1], 1)
 
     def compute(self, hidden: torch.Tensor, linear: Linear, rows: list[int]) -> torch.Tensor:
         """hidden [rows..., H] (normed) -> [rows..., H]; rows: each request's row count in the pass."""
         flat = hidden.reshape(-1, hidden.shape[-1])  # [T, H]
-        shared = self.shared_expert.compute(flat, linear) if hasattr(self, "shared_expert") else None
+        shared = self._modules[self.shared_name].compute(flat, linear) if self.shared_name else None
         weights, experts = self.choose(self._modules[self.router_name].logits(flat, rows), self.top_k)  # [T, k]
         output = self._routed(flat, weights, experts, linear)
-        if shared is not None:
-            output = output + torch.sigmoid(self.shared_expert_gate.logits(flat, rows)) * shared
-        return output.view_as(hidden)
+        if hasattr(self, "shared_expert_gate"):
+            shared = torch.sigmoid(self.shared_expert_gate.logits(flat, rows)) * shared
+        return (output if shared is None else output + shared).view_as(hidden)
 
     def _routed(self, flat: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
                 linear: Linear) -> torch.Tensor:

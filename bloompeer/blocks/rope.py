@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ROPE_TYPES", "RotaryFrequencies", "rope_frequencies"]
+__all__ = ["ROPE_TYPES", "RotaryFrequencies", "rope_frequencies", "rotate_half"]
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 
@@ -143,9 +143,16 @@ class RotaryFrequencies:
         return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
 
 
-def rope_frequencies(config, head_dim: int) -> RotaryFrequencies:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[-second half, first half]: the rotation's sine term, as transformers writes it."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_frequencies(config, head_dim: int, partial: bool = False) -> RotaryFrequencies:
     """The model's rotation, from its (standardised) config.rope_parameters; ValueError for a rope
-    type or a per-layer-type rope that bloompeer does not serve."""
+    type or a per-layer-type rope that bloompeer does not serve, or a partial rotary factor where the
+    family's attention rotates whole heads (`partial`: it rotates the first `dim` of each head)."""
     params = dict(getattr(config, "rope_parameters", None) or {})
     if "rope_type" not in params:
         raise ValueError("the config has no rope_parameters with a rope_type (a transformers 5 config of this "
@@ -153,6 +160,6 @@ def rope_frequencies(config, head_dim: int) -> RotaryFrequencies:
     if params["rope_type"] not in ROPE_TYPES:
         raise ValueError(f"rope type {params['rope_type']!r} is not served (served: {', '.join(ROPE_TYPES)})")
     dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-    if dim != head_dim:
+    if dim != head_dim and not partial:
         raise ValueError("a partial rotary factor below 1 is not served")
     return RotaryFrequencies(params, dim, config.max_position_embeddings)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .batched_linear import BatchedLinears
-from .kv_cache import SessionCache
+from .kv_cache import CacheLayout, SessionCache
 
 __all__ = ["BlockSpan", "Linear", "Segment", "allowed_keys"]
 
@@ -76,7 +76,7 @@ class BlockSpan(nn.Module):
     """Blocks [start, end) of a model; a family subclasses it with its block and its attention.
 
     A subclass says how to build block `layer_idx` (its parameters named as the checkpoint names
-    them), how many key/value heads of what size a token caches, what each segment's attention
+    them), what a token leaves in each block's cache (`cache_layout`), what each segment's attention
     needs once per pass (`attention_inputs`), and how one block computes (`block_forward`).
     """
 
@@ -92,13 +92,10 @@ class BlockSpan(nn.Module):
 
     # What a family provides
 
-    @property
-    def kv_heads(self) -> int:
-        """Key/value heads a token caches per block."""
-        raise NotImplementedError
-
-    @property
-    def head_dim(self) -> int:
+    @classmethod
+    def cache_layout(cls, config, layer_idx: int) -> CacheLayout:
+        """What a session keeps per token in block `layer_idx` (kv_cache.py): its bytes size the cache
+        budget, the announced room and every session's reservation."""
         raise NotImplementedError
 
     @classmethod
@@ -139,12 +136,16 @@ class BlockSpan(nn.Module):
     def num_blocks(self) -> int:
         return self.end - self.start
 
+    def cache_layouts(self, start: int, end: int) -> list[CacheLayout]:
+        return [self.cache_layout(self.config, layer_idx) for layer_idx in range(start, end)]
+
     def new_cache(self, start: int, end: int, batch: int, max_length: int, dtype: torch.dtype,
                   device: torch.device | str = "cpu") -> SessionCache:
-        return SessionCache(self.kv_heads, self.head_dim, start, end, batch, max_length, dtype, device)
+        return SessionCache(self.cache_layouts(start, end), start, end, batch, max_length, dtype, device)
 
-    def cache_nbytes(self, num_blocks: int, batch: int, max_length: int, dtype: torch.dtype) -> int:
-        return SessionCache.nbytes(self.kv_heads, self.head_dim, num_blocks, batch, max_length, dtype)
+    def cache_nbytes(self, start: int, end: int, batch: int, max_length: int, dtype: torch.dtype) -> int:
+        """What a session of blocks [start, end) reserves (SessionCache.nbytes)."""
+        return SessionCache.nbytes(self.cache_layouts(start, end), batch, max_length, dtype)
 
     def use_batched_linears(self) -> bool:
         """Compute the linear layers of passes of several requests with the batched-pass kernel (see

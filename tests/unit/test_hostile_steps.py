@@ -66,7 +66,7 @@ async def test_two_steps_of_one_session_never_share_a_pass(span, compute):
 
 
 class _BrokenCache(SessionCache):
-    def update(self, key, value, layer_idx):
+    def update(self, layer_idx, *new):
         raise RuntimeError("boom")
 
 
@@ -75,7 +75,7 @@ async def test_a_failed_batch_reorders_the_beams_of_the_others_once(span, comput
     cache must not be applied a second time then."""
     scheduler = Scheduler(span, compute, max_batch_tokens=64, device="cpu", dtype=torch.float32)
     beams = _filled_cache(span, 3, 2, seed=1)
-    broken = _BrokenCache(span.kv_heads, span.head_dim, 0, 2, 1, 8, torch.float32)
+    broken = _BrokenCache(span.cache_layouts(0, 2), 0, 2, 1, 8, torch.float32)
     hypo_ids, hidden = torch.tensor([1, 2, 0]), torch.randn(3, 1, HIDDEN)
     output, error = await _run_queued(scheduler, scheduler.step("beams", beams, Step(2, hidden, hypo_ids=hypo_ids)),
                                       scheduler.step("broken", broken, Step(0, torch.randn(1, 1, HIDDEN))))
@@ -90,7 +90,7 @@ async def test_a_failed_batch_reorders_the_beams_of_the_others_once(span, comput
 
 @pytest.fixture
 async def service(span, compute):
-    cache_bytes = 256 * span.cache_nbytes(span.num_blocks, 1, 1, torch.float32)  # 256 tokens
+    cache_bytes = 256 * span.cache_nbytes(span.start, span.end, 1, 1, torch.float32)  # 256 tokens
     service = SpanService(span, "m", ServerConfig(model="m", start=0, end=2), cache_bytes, compute, ServerMetrics(),
                           accepting=lambda: True)
     yield service

@@ -106,7 +106,7 @@ def test_the_cache_holds_kv_heads_times_head_dim(variant):
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     cache = spans[1].new_cache(1, 4, 2, 16, torch.float32)
     assert cache.keys.shape == (3, 2, config.num_key_value_heads, 16, head_dim)
-    assert spans[1].cache_nbytes(3, 2, 16, torch.float32) == 2 * 3 * 2 * 16 * config.num_key_value_heads * head_dim * 4 \
+    assert spans[1].cache_nbytes(1, 4, 2, 16, torch.float32) == 2 * 3 * 2 * 16 * config.num_key_value_heads * head_dim * 4 \
         + 2 * 16
     assert config.num_key_value_heads < config.num_attention_heads  # the fixtures all use grouped-query attention
 

@@ -32,7 +32,7 @@ def checkpoint():
 def _token_bytes(checkpoint) -> int:
     """Cache bytes of one token over one block."""
     with torch.device("meta"):
-        return checkpoint.family.span_class(checkpoint.config(), 0, 1).cache_nbytes(1, 1, 1, torch.float32)
+        return checkpoint.family.span_class(checkpoint.config(), 0, 1).cache_nbytes(0, 1, 1, 1, torch.float32)
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_blocks_are_counted_as_stored(checkpoint, memory):
     assert none.cache_bytes >= 1024 * 6 * 2 * 4 * 256  # keys and values of 6 blocks
     with torch.device("meta"):
         span = checkpoint.family.span_class(checkpoint.config(), 0, 6)
-    assert CacheBudget(none.cache_bytes, span.cache_nbytes(6, 1, 1, torch.float32)).tokens_left == 1024  # as asked
+    assert CacheBudget(none.cache_bytes, span.cache_nbytes(0, 6, 1, 1, torch.float32)).tokens_left == 1024  # as asked
     assert "as int4 (groups of 64)" in str(int4) and "fixed overhead" in str(int4)
 
 

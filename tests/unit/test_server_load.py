@@ -179,7 +179,7 @@ async def test_a_long_prefill_runs_in_chunks_with_the_same_result(span, compute)
 
 
 class _BrokenCache(SessionCache):
-    def update(self, key, value, layer_idx):
+    def update(self, layer_idx, *new):
         raise RuntimeError("boom")
 
 
@@ -188,7 +188,7 @@ async def test_a_failing_request_in_a_batch_fails_alone(span, compute):
     runner = None
     try:
         good = _session(span, 1, 2)
-        bad = _BrokenCache(span.kv_heads, span.head_dim, 0, 2, 1, 8, torch.float32)
+        bad = _BrokenCache(span.cache_layouts(0, 2), 0, 2, 1, 8, torch.float32)
         results = asyncio.gather(scheduler.step("good", good, Step(2, torch.randn(1, 1, 32))),
                                  scheduler.step("bad", bad, Step(0, torch.randn(1, 1, 32))), return_exceptions=True)
         await _until(lambda: scheduler.queue_depth == 2)  # both in one pass

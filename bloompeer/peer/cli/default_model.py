@@ -42,8 +42,8 @@ def write_random_checkpoint(directory: Path, *, model_type: str = "bloom", num_b
 
     model_type: "bloom", or one of the Llama family's ("llama", "mistral", "qwen2", "qwen3"), whose
     config takes `config_fields` too (num_key_value_heads, head_dim, rope_parameters, sliding_window,
-    tie_word_embeddings, ...; num_key_value_heads defaults to half the heads, intermediate_size to 3 x
-    hidden). initializer_range: the weights' std; transformers' default 0.02 makes a model that mostly
+    tie_word_embeddings, ...; num_key_value_heads defaults to half the heads (all for DeepSeek-V3),
+    intermediate_size to 3 x hidden). initializer_range: the weights' std; transformers' default 0.02 makes a model that mostly
     repeats its last token, a larger one (0.1 and up) a model whose next token depends on the context."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -53,8 +53,9 @@ def write_random_checkpoint(directory: Path, *, model_type: str = "bloom", num_b
     common = dict(vocab_size=vocab_size or tokenizer_vocab, hidden_size=hidden_size, num_hidden_layers=num_blocks,
                   num_attention_heads=num_heads, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                   initializer_range=initializer_range)
-    if model_type != "bloom":
-        common.update(num_key_value_heads=max(1, num_heads // 2), intermediate_size=3 * hidden_size)
+    if model_type != "bloom":  # latent attention (DeepSeek-V3's) has as many key/value heads as heads
+        kv_heads = num_heads if model_type == "deepseek_v3" else max(1, num_heads // 2)
+        common.update(num_key_value_heads=kv_heads, intermediate_size=3 * hidden_size)
     config = AutoConfig.for_model(model_type, **(common | config_fields))
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype)).eval()

@@ -58,7 +58,7 @@ class SpanBackend:
         self._check_serving(request.model, request.start, request.end)
         self._check_limit("batch", request.batch, self.server_config.max_batch, "--max-batch")
         self._check_limit("max_length", request.max_length, self.server_config.max_length, "--max-length")
-        nbytes = self.span.cache_nbytes(request.end - request.start, request.batch, request.max_length, self.dtype)
+        nbytes = self.span.cache_nbytes(request.start, request.end, request.batch, request.max_length, self.dtype)
 
         def make_cache() -> SessionCache:
             return self.span.new_cache(request.start, request.end, request.batch, request.max_length, self.dtype,

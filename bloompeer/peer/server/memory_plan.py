@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ...blocks import Checkpoint
+from ...blocks import Checkpoint, SessionCache
 from ...errors import RequestError
 from ...weight_format import WeightFormat
 from .config import ServerConfig
@@ -160,11 +160,13 @@ def _count_that_fits(config: ServerConfig, stored: StoredBlocks, room: int, toke
 
 
 def _token_bytes(checkpoint: Checkpoint, dtype: torch.dtype, num_blocks: int) -> int:
-    """Cache bytes of one token over `num_blocks` blocks, as a session's cache counts them (every block of
-    today's families caches alike; its padding mask is once per session, not per block)."""
-    with torch.device("meta"):
-        span = checkpoint.family.span_class(checkpoint.config(), 0, 1)
-    return span.cache_nbytes(num_blocks, 1, 1, dtype)
+    """Cache bytes of one token over any `num_blocks` blocks, as a session's cache counts them: the family's
+    largest block layout (kv_cache.py; blocks of one model cache alike in every family served today) times
+    num_blocks, and its padding mask once per session, not per block."""
+    config = checkpoint.config()
+    layouts = {checkpoint.family.span_class.cache_layout(config, i) for i in range(config.num_hidden_layers)}
+    return SessionCache.nbytes([max(layouts, key=lambda layout: layout.nbytes_per_token(dtype))] * num_blocks,
+                               1, 1, dtype)
 
 
 def _float(config: ServerConfig) -> WeightFormat:

@@ -1,0 +1,187 @@
+"""DeepSeek-V3's architecture and GLM-4.5's through real swarms of CLI servers: tokens equal transformers'
+own model class (AutoModelForCausalLM: DeepseekV3ForCausalLM, Glm4MoeForCausalLM) on the same weights in
+float32, loaded with `experts_implementation="grouped_mm"` (its default experts kernel, named).
+
+Every checkpoint of DEEPSEEK_FAMILY (tests/conftest.py: DeepSeek-V3 with and without a query LoRA, dense
+block 0, group-limited routing with a correction bias, YaRN trained for 16 positions; GLM-4.5) is served
+by two servers (blocks 0:2 and 2:4) on the shared bootstrap peer, all started at once; the servers cache
+latent attention's latent, not keys and values. Texts run past YaRN's original 16 positions. What needs
+servers of its own (a kill) gets a copy of the DeepSeek-V3 checkpoint under another name.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, FineGrainedFP8Config
+
+from bloompeer import AutoDistributedModelForCausalLM, DistributedLlamaForCausalLM
+from bloompeer.peer.cli.local_swarm import stop_in_parallel
+
+from ..conftest import DEEPSEEK_FAMILY
+from ..helpers.fp8 import write_fp8_checkpoint
+from .deep_prompts import assert_prompt_gradients_equal
+from .test_llama_family import SESSIONS
+from .test_moe_family import (  # noqa: F401 (rewinds: a fixture)
+    PADDED, PADDED_MASK, PROMPT, _client_config, assert_replayed_around_a_kill, rewinds,
+)
+
+NEW_TOKENS = 14  # PROMPT's 11 tokens and these: 25 positions, past YaRN's original 16
+VARIANTS = sorted(DEEPSEEK_FAMILY)  # deepseek_v3, deepseek_v3-no-q-lora, glm4_moe
+LATENT = [name for name in VARIANTS if name.startswith("deepseek")]
+
+
+@functools.cache
+def _reference(path) -> torch.nn.Module:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, experts_implementation="grouped_mm")
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def references(deepseek_checkpoints):
+    yield lambda name: _reference(deepseek_checkpoints[name])
+    _reference.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def deepseek_servers(swarm, deepseek_checkpoints):
+    servers = [swarm.add_server(start, end, model=path, wait=False, name=f"{name}-{start}-{end}")
+               for name, path in deepseek_checkpoints.items() for start, end in [(0, 2), (2, 4)]]
+    try:
+        deadline = time.monotonic() + 180
+        for server in servers:
+            server.wait_online(deadline)
+        yield servers
+    finally:
+        stop_in_parallel(servers)
+
+
+@pytest.fixture(scope="module")
+def clients(deepseek_servers, swarm, deepseek_checkpoints):
+    """clients(name) -> our model of DEEPSEEK_FAMILY[name] through the swarm, made once for the module,
+    pushing between servers for every other variant and trusting only that variant's two servers."""
+    made = {}
+    with ExitStack() as stack:
+        def client(name):
+            if name not in made:
+                trusted = tuple(server.peer_id_str for server in deepseek_servers
+                                if server.name.startswith(name + "-") and server.name.count("-") == name.count("-") + 2)
+                assert len(trusted) == 2
+                config = _client_config(swarm, push=VARIANTS.index(name) % 2 == 1, trusted_servers=trusted)
+                made[name] = stack.enter_context(
+                    AutoDistributedModelForCausalLM.from_pretrained(deepseek_checkpoints[name], client_config=config))
+            return made[name]
+
+        yield client
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def pair(request, clients, references):
+    return clients(request.param), references(request.param)
+
+
+@torch.inference_mode()
+def test_greedy_tokens_equal_transformers(pair):
+    ours, reference = pair
+    assert isinstance(ours, DistributedLlamaForCausalLM)
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    assert ours.generate(PROMPT, **kwargs).tolist() == reference.generate(PROMPT, **kwargs).tolist()
+
+
+@torch.inference_mode()
+def test_teacher_forced_logits_within_1e_4(pair):
+    """A full forward of 2 x 20 tokens (past YaRN's original 16) against transformers'."""
+    ours, reference = pair
+    ids = torch.randint(4, 250, (2, 20), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(ours(ids).logits, reference(ids).logits, rtol=0, atol=1e-4)
+
+
+@torch.inference_mode()
+def test_left_padded_batch_and_beam_search(pair):
+    """Beam search reorders the servers' cached latents (or keys and values) as transformers reorders its cache."""
+    ours, reference = pair
+    greedy = dict(attention_mask=PADDED_MASK, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert ours.generate(PADDED, **greedy).tolist() == reference.generate(PADDED, **greedy).tolist()
+    beams = greedy | dict(num_beams=3)
+    assert ours.generate(PADDED, **beams).tolist() == reference.generate(PADDED, **beams).tolist()
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("how", ["draft-model", "prompt-lookup"])
+@pytest.mark.parametrize("name", LATENT)
+def test_speculative_decoding_rolls_the_latent_cache_back_and_equals_greedy(clients, references, name, how, rewinds):
+    """A verify pass of several proposed tokens, then the rejected ones' latents dropped from the servers'
+    caches (the next step written at an earlier position): the tokens are plain greedy decoding's."""
+    ours, reference = clients(name), references(name)
+    if how == "draft-model":  # the target's first block alone: it agrees with the target on some tokens only
+        draft = copy.deepcopy(reference)
+        draft.model.layers = draft.model.layers[:1]
+        draft.config.num_hidden_layers = 1
+        speculation = dict(assistant_model=draft)
+    else:
+        speculation = dict(prompt_lookup_num_tokens=3)
+    prompt = torch.cat([PROMPT, PROMPT[:, 1:]], dim=1)  # repeats itself, so prompt lookup has proposals
+    expected = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+    tokens = ours.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, **speculation)
+    assert tokens.tolist() == expected.tolist()
+    assert rewinds, "no proposal was rejected: the servers' caches never rolled back"
+
+
+@torch.inference_mode()
+def test_eight_concurrent_sessions_each_equal_alone(clients, references):
+    """Eight sessions of different prompt lengths at once through DeepSeek-V3's servers: however the
+    servers batch their steps (that is the machine's speed), each session's tokens equal transformers' alone."""
+    ours, reference = clients("deepseek_v3"), references("deepseek_v3")
+    generator = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(4, 250, (1, 4 + i), generator=generator) for i in range(SESSIONS)]
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    expected = [reference.generate(prompt, **kwargs).tolist() for prompt in prompts]
+    with ThreadPoolExecutor(SESSIONS) as pool:
+        together = list(pool.map(lambda prompt: ours.generate(prompt, **kwargs).tolist(), prompts))
+    assert together == expected
+
+
+def test_prompt_tuning_gradients_equal_local_autograd(deepseek_servers, swarm, deepseek_checkpoints, references):
+    """DeepSeek-V3: a dense block 0 and sparse blocks 1-3, latent attention, each block with deep prompts of its
+    own; the servers differentiate through latent attention, the routers' weights and the shared experts."""
+    path, reference = deepseek_checkpoints["deepseek_v3"], references("deepseek_v3")
+    with DistributedLlamaForCausalLM.from_pretrained(
+            path, client_config=_client_config(swarm), tuning_mode="deep_ptune", pre_seq_len=3) as ours:
+        assert_prompt_gradients_equal(ours, reference)
+
+
+@pytest.fixture
+def own_deepseek(deepseek_checkpoints, tmp_path):
+    """A copy of the DeepSeek-V3 checkpoint under a name of its own, so its servers serve no other test."""
+    path = tmp_path / f"deepseek_v3-{time.monotonic_ns() % 10**8}"
+    shutil.copytree(deepseek_checkpoints["deepseek_v3"], path)
+    return path
+
+
+@torch.inference_mode()
+def test_a_server_killed_mid_generation_is_replayed_around(start_servers, swarm, own_deepseek, references):
+    """The client replays its inputs to the replacement server, which rebuilds the latent cache from them."""
+    assert_replayed_around_a_kill(start_servers, swarm, own_deepseek, references("deepseek_v3"))
+
+
+@torch.inference_mode()
+def test_deepseek_served_from_its_fp8_checkpoint_generates_as_transformers_loads_it(start_servers, swarm,
+                                                                                   deepseek_checkpoints, tmp_path):
+    """The published layout (every linear weight of the blocks float8_e4m3fn with weight_scale_inv per block):
+    servers dequantize each block as it loads; the tokens equal those of transformers' model loaded from the
+    same files (its own dequantization)."""
+    path = write_fp8_checkpoint(deepseek_checkpoints["deepseek_v3"],
+                                tmp_path / f"deepseek-fp8-{time.monotonic_ns() % 10**8}")
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, experts_implementation="grouped_mm",
+                                                     quantization_config=FineGrainedFP8Config(dequantize=True)).eval()
+    start_servers([(0, 2), (2, 4)], model=path)
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm)) as ours:
+        assert ours.generate(PROMPT, **kwargs).tolist() == reference.generate(PROMPT, **kwargs).tolist()
