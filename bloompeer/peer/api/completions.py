@@ -27,7 +27,8 @@ from .openai_schema import ChatCompletionRequest, CompletionRequest, new_id, res
 from .pieces import TextPiece
 from .prompts import MAX_PROMPTS, chat_prompt_ids, check_prompt, completion_prompts
 from .response_format import response_grammar
-from .tools import ChatTools, ToolCallReader
+from .replies import ReplyFormat, read_whole
+from .tools import ChatTools
 
 __all__ = ["add_completion_routes"]
 
@@ -47,8 +48,9 @@ def add_completion_routes(app, state) -> None:
         prompt = chat_prompt_ids(state.tokenizer, body.messages, tools, body.chat_template_kwargs)
         check_prompt(prompt)
         grammar = await asyncio.to_thread(_chat_grammar, state, body, tools)
-        return await _answer(state, request, body, [prompt],
-                             _ChatFormat(new_id("chatcmpl"), state.model_id, body, tools), echo=False, grammar=grammar)
+        reply = ReplyFormat.of(state.tokenizer, prompt, tools, constrained=grammar is not None)
+        return await _answer(state, request, body, [prompt], _ChatFormat(new_id("chatcmpl"), state.model_id, body, reply),
+                             echo=False, grammar=grammar, special_tokens=reply.special_tokens)
 
 
 def _chat_grammar(state, body, tools: ChatTools | None) -> Grammar | None:
@@ -98,14 +100,13 @@ class _CompletionFormat:
 
 
 class _ChatFormat(_CompletionFormat):
-    """Chat's shape; with tools, each choice's text read as content and tool calls (tools.py)."""
+    """Chat's shape; each choice's text read as reasoning, content and tool calls (replies.py)."""
 
     object_name, chunk_object_name = "chat.completion", "chat.completion.chunk"
 
-    def __init__(self, response_id: str, model: str, body, tools: ChatTools | None = None):
+    def __init__(self, response_id: str, model: str, body, reply: ReplyFormat):
         super().__init__(response_id, model, body)
-        self.tools = tools if tools is not None and tools.reads_calls else None
-        self.readers = {}
+        self.reply, self.readers = reply, {}
 
     def _logprobs(self, entries) -> dict | None:
         return chat_logprobs(entries) if self.with_logprobs else None
@@ -116,15 +117,19 @@ class _ChatFormat(_CompletionFormat):
                                  "finish_reason": finish_reason}])
 
         chunks = [chunk({"role": "assistant", "content": ""})] if first else []
-        if self.tools is None:
+        if self.reply.plain:
             if piece.text or piece.logprobs:
                 chunks.append(chunk({"content": piece.text}, logprobs=self._logprobs(piece.logprobs)))
         else:
-            reader = self.readers.setdefault(index, ToolCallReader(self.tools))
+            reader = self.readers.setdefault(index, self.reply.reader())
             deltas = reader.add(piece.text) + (reader.finish() if piece.finish_reason is not None else [])
-            for delta in deltas:  # a piece's logprobs go with its content; a call's tokens have none
-                chunks.append(chunk({"content": delta[1]}, logprobs=self._logprobs(piece.logprobs))
-                              if delta[0] == "content" else chunk({"tool_calls": [_tool_call_delta(delta)]}))
+            for delta in deltas:  # a piece's logprobs go with its content; reasoning's and a call's have none
+                if delta[0] == "content":
+                    chunks.append(chunk({"content": delta[1]}, logprobs=self._logprobs(piece.logprobs)))
+                elif delta[0] == "reasoning":
+                    chunks.append(chunk({"reasoning_content": delta[1]}))
+                else:
+                    chunks.append(chunk({"tool_calls": [_tool_call_delta(delta)]}))
         if piece.finish_reason is not None:
             chunks.append(chunk({}, self._finish_reason(index, piece.finish_reason)))
         return chunks
@@ -136,16 +141,14 @@ class _ChatFormat(_CompletionFormat):
     def choice(self, index: int, pieces: list[TextPiece]) -> dict:
         choice = super().choice(index, pieces)
         message = {"role": "assistant", "content": choice["text"]}
-        if self.tools is not None:
-            reader = self.readers[index] = ToolCallReader(self.tools)
-            deltas = reader.add(choice["text"]) + reader.finish()
-            content = "".join(delta[1] for delta in deltas if delta[0] == "content")
-            arguments = ["".join(delta[2] for delta in deltas if delta[0] == "arguments" and delta[1] == call)
-                         for call in range(len(reader.calls))]
-            message["content"] = content or (None if reader.calls else "")
-            if reader.calls:
-                message["tool_calls"] = [tool_call(call.id, call.name, text)
-                                         for call, text in zip(reader.calls, arguments)]
+        if not self.reply.plain:
+            reader = self.readers[index] = self.reply.reader()
+            reply = read_whole(reader, choice["text"])
+            message["content"] = reply.content or (None if reply.calls else "")
+            if reply.reasoning:
+                message["reasoning_content"] = reply.reasoning
+            if reply.calls:
+                message["tool_calls"] = [tool_call(*call) for call in reply.calls]
         return {"index": index, "message": message, "logprobs": choice["logprobs"],
                 "finish_reason": self._finish_reason(index, choice["finish_reason"])}
 
@@ -158,11 +161,11 @@ def _tool_call_delta(delta: tuple) -> dict:
 
 
 async def _answer(state, request: Request, body, prompts: list[list[int]], output: _CompletionFormat, echo: bool,
-                  grammar: Grammar | None = None):
+                  grammar: Grammar | None = None, special_tokens: bool = False):
     if len(prompts) * body.n > MAX_PROMPTS:
         raise ApiError.invalid(f"n: at most {MAX_PROMPTS} choices per request (prompts x n), got "
                                f"{len(prompts)} x {body.n}", "n")
-    choices = RequestChoices(state, prompts, body, echo, grammar)
+    choices = RequestChoices(state, prompts, body, echo, grammar, special_tokens)
     metrics, model = state.metrics, state.model_id
     metrics.prompt_tokens.labels(model).inc(choices.prompt_tokens)
     endings = [_Ending(metrics, model, choice) for choice in choices.choices]

@@ -6,6 +6,8 @@ and the grammar a reply must follow when it has to call (`tool_choice` required 
     llama3   Llama 3.1+: the whole reply is {"name": ..., "parameters": {...}} (after <|python_tag|>,
              if the model writes it); several calls separated by ";"
     mistral  Mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+    harmony  gpt-oss: a message to the function, <|channel|>commentary to=functions.NAME <|constrain|>json
+             <|message|>{...arguments} (read by harmony.py, with the reply's other channels)
     json     a checkpoint whose chat template has no tool format (the demo model, BLOOM): the
              whole reply is {"name": ..., "arguments": {...}}, as tools.py's prompt asks for
 
@@ -125,6 +127,23 @@ class _MistralCalls(CallFormat):
         return value if isinstance(value, list) else [None]
 
 
+class _HarmonyCalls(CallFormat):
+    """Read by harmony.py's HarmonyReader (never by parse); here for the grammar of a required call."""
+
+    def grammar(self, call_schemas: list[dict[str, Any]], parallel: bool, strict: bool,
+                literal: Callable[[str], str] = json.dumps) -> str:
+        """One message to one of the functions (the name is its header's, the arguments its text)."""
+        rules = []
+        for index, schema in enumerate(call_schemas):
+            name = schema["properties"]["name"]["const"]
+            arguments = {**schema["properties"][self.arguments_key],
+                         "x-guidance": {**_JSON_OPTIONS, "lenient": not strict}}
+            rules.append(f'call{index}: {literal("<|channel|>")} {json.dumps(f"commentary to=functions.{name} ")} '
+                         f'{literal("<|constrain|>")} "json" {literal("<|message|>")} body{index}\n'
+                         f"body{index}: %json {json.dumps(arguments)}")
+        return f"start: {' | '.join(f'call{index}' for index in range(len(call_schemas)))}\n" + "\n".join(rules) + "\n"
+
+
 CALL_FORMATS = {
     "json": _JsonCalls("json", markers=("",), opens=("{",), parallel=False),
     "qwen": _QwenCalls("qwen", markers=("<tool_call>",), opens=("<tool_call>",), text_before_calls=True,
@@ -133,6 +152,7 @@ CALL_FORMATS = {
                           opens=("<|python_tag|>", "{"), parallel=False),
     "mistral": _MistralCalls("mistral", markers=("[TOOL_CALLS]", ""), opens=("[TOOL_CALLS]", "["),
                              before=("[TOOL_CALLS]", "["), between=",", after="]"),
+    "harmony": _HarmonyCalls("harmony", parallel=False),
 }
 
 
@@ -140,6 +160,8 @@ def call_format_for_template(template: str | None) -> CallFormat:
     """The family format a chat template writes tool calls in (json if it has none)."""
     if not template or "tools" not in template:
         return CALL_FORMATS["json"]
+    if "<|channel|>" in template:
+        return CALL_FORMATS["harmony"]
     if "<tool_call>" in template:
         return CALL_FORMATS["qwen"]
     if "[TOOL_CALLS]" in template:
