@@ -76,3 +76,16 @@ def test_with_thinking_off_the_reply_is_content(client, model_id, thinking_api, 
     assert message.content == expected and getattr(message, "reasoning_content", None) is None
 
 
+
+
+def test_responses_give_the_reasoning_as_a_reasoning_item(client, model_id, thinking_api, reference_model):
+    expected = _expected(reference_model, thinking_api[1], 12).lstrip()
+    response = client.responses.create(model=model_id, input=MESSAGES[0]["content"], max_output_tokens=12,
+                                       temperature=0)
+    reasoning, = response.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == expected
+    events = list(client.responses.create(model=model_id, input=MESSAGES[0]["content"], max_output_tokens=12,
+                                          temperature=0, stream=True))
+    deltas = [event.delta for event in events if event.type == "response.reasoning_text.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == expected
+    assert not [event for event in events if event.type == "response.output_text.delta"]

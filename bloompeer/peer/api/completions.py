@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request
 from sse_starlette import EventSourceResponse
@@ -30,7 +31,7 @@ from .response_format import response_grammar
 from .replies import ReplyFormat, read_whole
 from .tools import ChatTools
 
-__all__ = ["add_completion_routes"]
+__all__ = ["PreparedChat", "add_completion_routes", "answer", "prepare_chat"]
 
 
 def add_completion_routes(app, state) -> None:
@@ -38,19 +39,34 @@ def add_completion_routes(app, state) -> None:
     async def completions(body: CompletionRequest, request: Request):
         _check_parameters(state, body)
         prompts = completion_prompts(state.tokenizer, body.prompt, state.model.config.vocab_size)
-        return await _answer(state, request, body, prompts, _CompletionFormat(new_id("cmpl"), state.model_id, body),
+        return await answer(state, request, body, prompts, _CompletionFormat(new_id("cmpl"), state.model_id, body),
                              echo=body.echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        _check_parameters(state, body)
-        tools = ChatTools.of(body, state.tokenizer)
-        prompt = chat_prompt_ids(state.tokenizer, body.messages, tools, body.chat_template_kwargs)
-        check_prompt(prompt)
-        grammar = await asyncio.to_thread(_chat_grammar, state, body, tools)
-        reply = ReplyFormat.of(state.tokenizer, prompt, tools, constrained=grammar is not None)
-        return await _answer(state, request, body, [prompt], _ChatFormat(new_id("chatcmpl"), state.model_id, body, reply),
-                             echo=False, grammar=grammar, special_tokens=reply.special_tokens)
+        chat = await prepare_chat(state, body)
+        return await answer(state, request, body, [chat.prompt], _ChatFormat(new_id("chatcmpl"), state.model_id, body,
+                                                                             chat.reply), echo=False, chat=chat)
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    """A chat request made ready to generate: its prompt, its grammar, how its replies are read."""
+
+    prompt: list[int]
+    grammar: Grammar | None
+    reply: ReplyFormat
+
+
+async def prepare_chat(state, body: ChatCompletionRequest) -> PreparedChat:
+    """Chat and responses (responses.py) alike: parameters checked, the prompt through the template,
+    the grammar compiled (off the event loop)."""
+    _check_parameters(state, body)
+    tools = ChatTools.of(body, state.tokenizer)
+    prompt = chat_prompt_ids(state.tokenizer, body.messages, tools, body.chat_template_kwargs)
+    check_prompt(prompt)
+    grammar = await asyncio.to_thread(_chat_grammar, state, body, tools)
+    return PreparedChat(prompt, grammar, ReplyFormat.of(state.tokenizer, prompt, tools, constrained=grammar is not None))
 
 
 def _chat_grammar(state, body, tools: ChatTools | None) -> Grammar | None:
@@ -72,7 +88,10 @@ def _check_parameters(state, body) -> None:
 
 
 class _CompletionFormat:
+    """A response's shape: plain (response, choice) and streamed (opening, chunks, closing events)."""
+
     object_name, chunk_object_name = "text_completion", "text_completion"
+    done_marker = "[DONE]"  # the stream's last data
 
     def __init__(self, response_id: str, model: str, body):
         self.response_id, self.model, self.with_logprobs = response_id, model, body.num_logprobs is not None
@@ -92,8 +111,18 @@ class _CompletionFormat:
     def response(self, choices: list[dict], usage_counts: tuple[int, int]) -> dict:
         return response_object(self.response_id, self.object_name, self.model, choices, usage_counts)
 
-    def usage_chunk(self, usage_counts: tuple[int, int]) -> dict:
-        return self._chunk([], usage_counts)
+    def opening(self) -> list[dict]:
+        return []
+
+    def closing(self, usage_counts: tuple[int, int], body) -> list[dict]:
+        return [self._chunk([], usage_counts)] if body.include_usage_chunk else []
+
+    def error_event(self, error: ApiError) -> dict:
+        return error.body
+
+    def sse(self, event: dict):
+        """An event as EventSourceResponse sends it."""
+        return json.dumps(event)
 
     def _chunk(self, choices: list[dict], usage_counts: tuple[int, int] | None = None) -> dict:
         return response_object(self.response_id, self.chunk_object_name, self.model, choices, usage_counts)
@@ -160,12 +189,14 @@ def _tool_call_delta(delta: tuple) -> dict:
     return tool_call_delta(delta[1], delta[2])
 
 
-async def _answer(state, request: Request, body, prompts: list[list[int]], output: _CompletionFormat, echo: bool,
-                  grammar: Grammar | None = None, special_tokens: bool = False):
+async def answer(state, request: Request, body, prompts: list[list[int]], output: _CompletionFormat, echo: bool,
+                 chat: PreparedChat | None = None):
+    """The response to a request of `prompts`, plain or streamed, shaped by `output`."""
     if len(prompts) * body.n > MAX_PROMPTS:
         raise ApiError.invalid(f"n: at most {MAX_PROMPTS} choices per request (prompts x n), got "
                                f"{len(prompts)} x {body.n}", "n")
-    choices = RequestChoices(state, prompts, body, echo, grammar, special_tokens)
+    choices = RequestChoices(state, prompts, body, echo, chat and chat.grammar, chat is not None and
+                             chat.reply.special_tokens)
     metrics, model = state.metrics, state.model_id
     metrics.prompt_tokens.labels(model).inc(choices.prompt_tokens)
     endings = [_Ending(metrics, model, choice) for choice in choices.choices]
@@ -235,24 +266,27 @@ async def _events(firsts: list[TextPiece], iterators: list[AsyncIterator[TextPie
     """The SSE data of a stream: chunks as pieces arrive, an error event if the swarm fails midway."""
     completion_tokens, started, prompt_tokens = 0, set(), choices.prompt_tokens
     try:
+        for event in output.opening():
+            yield output.sse(event)
         async for index, piece in interleave([_prepend(first, rest) for first, rest in zip(firsts, iterators)]):
             for chunk in output.chunks(index, piece, index not in started):
-                yield json.dumps(chunk)
+                yield output.sse(chunk)
             started.add(index)
             if piece.finish_reason is not None:
                 endings[index](piece.finish_reason)
                 completion_tokens += piece.completion_tokens
-        if body.include_usage_chunk:
-            yield json.dumps(output.usage_chunk((prompt_tokens, completion_tokens)))
+        for event in output.closing((prompt_tokens, completion_tokens), body):
+            yield output.sse(event)
     except Exception as exc:
         for ending in endings:
             ending("error")
-        yield json.dumps(api_error_from(exc).body)
+        yield output.sse(output.error_event(api_error_from(exc)))
     finally:
         for ending in endings:  # only counts those nothing above did: the client left (the task was cancelled)
             ending("disconnect")
         choices.cancel()  # what still runs (a scoring pass a choice did not wait for) stops too
-    yield "[DONE]"
+    if output.done_marker:
+        yield output.done_marker
 
 
 async def _prepend(first: TextPiece, iterator: AsyncIterator[TextPiece]) -> AsyncIterator[TextPiece]:
