@@ -217,7 +217,7 @@ class ToolCallReader:
         if self.sent:
             return None  # content went out: this reply is text
         stripped = self.text.lstrip()
-        opens = call_format.opens
+        opens = call_format.opens + (tuple(self.tools.names) if call_format.opens_with_name else ())
         return 0 if any(start.startswith(stripped) or stripped.startswith(start) for start in opens) else None
 
     def _announce(self, name: str) -> list[tuple]:
