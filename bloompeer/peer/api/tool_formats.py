@@ -152,16 +152,8 @@ class _MistralArgsCalls(CallFormat):
     def grammar(self, call_schemas: list[dict[str, Any]], parallel: bool, strict: bool,
                 literal: Callable[[str], str] = json.dumps) -> str:
         """[TOOL_CALLS]NAME[ARGS]{arguments}, once (or, if parallel, again and again)."""
-        rules = []
-        for index, schema in enumerate(call_schemas):
-            name = schema["properties"]["name"]["const"]
-            arguments = {**schema["properties"][self.arguments_key],
-                         "x-guidance": {**_JSON_OPTIONS, "lenient": not strict}}
-            rules.append(f'call{index}: {literal("[TOOL_CALLS]")} {json.dumps(name)} {literal("[ARGS]")} body{index}\n'
-                         f"body{index}: %json {json.dumps(arguments)}")
-        many = "+" if parallel else ""
-        calls = " | ".join(f"call{index}" for index in range(len(call_schemas)))
-        return f"start: ({calls}){many}\n" + "\n".join(rules) + "\n"
+        return _named_calls(call_schemas, self.arguments_key, strict, "+" if parallel else "",
+                            lambda name: f'{literal("[TOOL_CALLS]")} {json.dumps(name)} {literal("[ARGS]")}')
 
 
 class _HarmonyCalls(CallFormat):
@@ -170,15 +162,22 @@ class _HarmonyCalls(CallFormat):
     def grammar(self, call_schemas: list[dict[str, Any]], parallel: bool, strict: bool,
                 literal: Callable[[str], str] = json.dumps) -> str:
         """One message to one of the functions (the name is its header's, the arguments its text)."""
-        rules = []
-        for index, schema in enumerate(call_schemas):
-            name = schema["properties"]["name"]["const"]
-            arguments = {**schema["properties"][self.arguments_key],
-                         "x-guidance": {**_JSON_OPTIONS, "lenient": not strict}}
-            rules.append(f'call{index}: {literal("<|channel|>")} {json.dumps(f"commentary to=functions.{name} ")} '
-                         f'{literal("<|constrain|>")} "json" {literal("<|message|>")} body{index}\n'
-                         f"body{index}: %json {json.dumps(arguments)}")
-        return f"start: {' | '.join(f'call{index}' for index in range(len(call_schemas)))}\n" + "\n".join(rules) + "\n"
+        return _named_calls(call_schemas, self.arguments_key, strict, "", lambda name: (
+            f'{literal("<|channel|>")} {json.dumps(f"commentary to=functions.{name} ")} {literal("<|constrain|>")} '
+            f'"json" {literal("<|message|>")}'))
+
+
+def _named_calls(call_schemas: list[dict[str, Any]], arguments_key: str, strict: bool, repeat: str,
+                 header: Callable[[str], str]) -> str:
+    """A Lark grammar of calls whose function is named by a header (header(name): its Lark text) and whose
+    arguments follow it as JSON; repeat: "" (one call) or "+" (one or more)."""
+    rules = []
+    for index, schema in enumerate(call_schemas):
+        arguments = {**schema["properties"][arguments_key], "x-guidance": {**_JSON_OPTIONS, "lenient": not strict}}
+        rules.append(f"call{index}: {header(schema['properties']['name']['const'])} body{index}\n"
+                     f"body{index}: %json {json.dumps(arguments)}")
+    calls = " | ".join(f"call{index}" for index in range(len(call_schemas)))
+    return f"start: ({calls}){repeat}\n" + "\n".join(rules) + "\n"
 
 
 CALL_FORMATS = {
