@@ -128,3 +128,28 @@ def test_bad_tools_and_messages_are_400(client, model_id, changes, param, said):
     error = _error(raised)
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
     assert said in error["message"], error
+
+
+PEER = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "port": {"type": "integer",
+        "minimum": 1, "maximum": 99}}, "required": ["name", "port"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_with_a_response_format_answers_in_the_schema(client, model_id, stream):
+    """The reply follows response_format's grammar (a call fits it nowhere here), so it is content that
+    validates, never a call, with n sampled choices."""
+    response = client.chat.completions.create(
+        model=model_id, messages=MESSAGES, tools=[WEATHER, TIME], tool_choice="auto", max_tokens=80, n=3, seed=2,
+        temperature=1.0, stream=stream,
+        response_format={"type": "json_schema", "json_schema": {"name": "peer", "schema": PEER, "strict": True}})
+    if stream:
+        texts = [""] * 3
+        for chunk in response:
+            for choice in chunk.choices:
+                assert not choice.delta.tool_calls
+                texts[choice.index] += choice.delta.content or ""
+    else:
+        assert all(choice.message.tool_calls is None and choice.finish_reason == "stop" for choice in response.choices)
+        texts = [choice.message.content for choice in response.choices]
+    for text in texts:
+        jsonschema.validate(json.loads(text), PEER)

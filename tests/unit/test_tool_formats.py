@@ -67,7 +67,16 @@ MISTRAL = (
     "{%- elif message.role == 'assistant' %}{{ message.content }}</s>"
     '{%- elif message.role == \'tool\' %}[TOOL_RESULTS] {"content": {{ message.content | tojson }}, "call_id": '
     '"{{ message.tool_call_id }}"}[/TOOL_RESULTS]{%- endif %}{%- endfor %}')
-TEMPLATES = {"qwen": (QWEN, "<|im_end|>"), "llama3": (LLAMA3, "<|eot_id|>"), "mistral": (MISTRAL, "</s>")}
+MISTRAL_ARGS = (  # Mistral Small 3.2's, Magistral's, Devstral's: a call is [TOOL_CALLS]NAME[ARGS]{...}
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' %}{%- if tools and loop.last %}[AVAILABLE_TOOLS]{{ tools | tojson }}"
+    "[/AVAILABLE_TOOLS]{%- endif %}[INST]{{ message.content }}[/INST]"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}{%- for tool_call in message.tool_calls %}"
+    "[TOOL_CALLS]{{ tool_call.function.name }}[ARGS]{{ tool_call.function.arguments | tojson }}{%- endfor %}</s>"
+    "{%- elif message.role == 'assistant' %}{{ message.content }}</s>"
+    "{%- elif message.role == 'tool' %}[TOOL_RESULTS]{{ message.content }}[/TOOL_RESULTS]{%- endif %}{%- endfor %}")
+TEMPLATES = {"qwen": (QWEN, "<|im_end|>"), "llama3": (LLAMA3, "<|eot_id|>"), "mistral": (MISTRAL, "</s>"),
+             "mistral_args": (MISTRAL_ARGS, "</s>")}
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -106,7 +115,7 @@ def _assistant_turn(tokenizer, family: str, calls) -> str:
     return turn[:turn.index(end)]
 
 
-@pytest.mark.parametrize("family", ["qwen", "llama3", "mistral"])
+@pytest.mark.parametrize("family", ["qwen", "llama3", "mistral", "mistral_args"])
 def test_a_call_the_template_writes_is_parsed_back(tokenizer, family):
     assert call_format_for_template(TEMPLATES[family][0]).name == family
     calls = CALLS if CALL_FORMATS[family].parallel else CALLS[:1]
@@ -126,7 +135,7 @@ def test_a_call_the_template_writes_is_parsed_back(tokenizer, family):
     '<tool_call>\n{"name": "get_time", "arguments": {}}',  # unclosed
     '[TOOL_CALLS] [{"name": "get_time"}]',
 ])
-@pytest.mark.parametrize("family", ["json", "qwen", "llama3", "mistral"])
+@pytest.mark.parametrize("family", ["json", "qwen", "llama3", "mistral", "mistral_args"])
 def test_text_that_only_looks_like_a_call_stays_text(tokenizer, family, reply):
     template = TEMPLATES[family][0] if family in TEMPLATES else None
     tools = _tools(tokenizer, template)
@@ -185,3 +194,22 @@ def test_auto_streams_text_and_holds_what_may_be_a_call(tokenizer):
     reader = ToolCallReader(tools)
     assert reader.add("Hello {") == [("content", "Hello {")]
     assert reader.add('"name": "get_time"}') == [("content", '"name": "get_time"}')]
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_mistrals_newer_form_with_and_without_its_markers(tokenizer, tool_choice):
+    """[TOOL_CALLS]NAME[ARGS]{...}; where the markers are special tokens the decoded text is NAME{...}.
+    The grammar of a required call accepts the form, two calls in parallel too."""
+    tools = _tools(tokenizer, MISTRAL_ARGS, tool_choice)
+    assert tools.call_format.name == "mistral_args"
+    with_markers = '[TOOL_CALLS]get_weather[ARGS]{"city":"Paris","days":2}[TOOL_CALLS]get_time[ARGS]{"zone":"utc"}'
+    for reply in (with_markers, with_markers.replace("[TOOL_CALLS]", "").replace("[ARGS]", "")):
+        reader = ToolCallReader(tools)
+        deltas = [delta for char in reply for delta in reader.add(char)] + reader.finish()
+        assert [d[3] for d in deltas if d[0] == "call"] == ["get_weather", "get_time"]
+        assert [json.loads(d[2]) for d in deltas if d[0] == "arguments"] == [arguments for _, arguments in CALLS]
+    if tool_choice == "required":
+        compiler = GrammarCompiler(tokenizer, len(tokenizer), {tokenizer.eos_token_id})
+        matcher = llguidance.LLMatcher(compiler.tokenizer, tools.grammar(compiler, tokenizer).text)
+        assert matcher.consume_tokens(tokenizer(with_markers, add_special_tokens=False).input_ids), matcher.get_error()
+        assert matcher.is_accepting()

@@ -26,6 +26,8 @@ from .errors import ApiError, install_error_handlers
 from .generation import eos_ids
 from .metrics import ApiMetrics
 from .openai_schema import model_list
+from .response_store import ResponseStore
+from .responses import add_response_routes
 from .swarm_state import fetch_swarm_state, fetch_unserved_blocks
 
 __all__ = ["ApiState", "create_app"]
@@ -44,6 +46,7 @@ class ApiState:
     max_concurrent_generations: int = DEFAULT_MAX_CONCURRENT_GENERATIONS
     access: ApiAccess = ApiAccess()  # who may use it: API keys, and whether the dashboard is public
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
+    responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self):
@@ -129,6 +132,7 @@ def create_app(state: ApiState) -> FastAPI:
         return model_list([(state.model_id, swarm["missing"], swarm["weights"])], state.created)
 
     add_completion_routes(app, state)
+    add_response_routes(app, state)
     add_dashboard_routes(app, state)
 
     @app.get(HEALTH_PATH)

@@ -61,7 +61,7 @@ class _ScoredChoice:
         and decoded. On a worker thread: each step works over the whole vocabulary."""
         request = self.request
         pieces = PieceMaker(self.tokenizer, request.stops, request.max_new_tokens, eos_ids(self.model),
-                            request.num_logprobs is not None)
+                            request.num_logprobs is not None, request.special_tokens)
         made = []
         if scores is not None:
             prompt = list(request.prompt_ids)
@@ -96,7 +96,8 @@ class RequestChoices:
     """Every choice of a request: prompts x n, indexed prompt by prompt (prompt p's choices are
     p*n .. p*n + n-1, as OpenAI orders them)."""
 
-    def __init__(self, state, prompts: Sequence[Sequence[int]], body, echo: bool, grammar: Grammar | None = None):
+    def __init__(self, state, prompts: Sequence[Sequence[int]], body, echo: bool, grammar: Grammar | None = None,
+                 special_tokens: bool = False):
         self.state, self.prompts = state, [list(prompt) for prompt in prompts]
         num_logprobs, max_new_tokens = body.num_logprobs, body.max_new_tokens
         self.prompt_scores_needed = echo and num_logprobs is not None
@@ -109,7 +110,7 @@ class RequestChoices:
         for prompt_index, prompt in enumerate(self.prompts):
             for choice in range(body.n):
                 request = GenerationRequest(tuple(prompt), max_new_tokens, body.sampling(choice, grammar),
-                                            body.stop_sequences, num_logprobs)
+                                            body.stop_sequences, num_logprobs, special_tokens)
                 self.choices.append(Choice(len(self.choices), self._source(request, prompt_index, max_new_tokens),
                                            self._echo(prompt_index) if echo else None))
 

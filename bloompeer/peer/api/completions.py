@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request
 from sse_starlette import EventSourceResponse
@@ -27,9 +28,10 @@ from .openai_schema import ChatCompletionRequest, CompletionRequest, new_id, res
 from .pieces import TextPiece
 from .prompts import MAX_PROMPTS, chat_prompt_ids, check_prompt, completion_prompts
 from .response_format import response_grammar
-from .tools import ChatTools, ToolCallReader
+from .replies import ReplyFormat, read_whole
+from .tools import ChatTools
 
-__all__ = ["add_completion_routes"]
+__all__ = ["PreparedChat", "add_completion_routes", "answer", "prepare_chat"]
 
 
 def add_completion_routes(app, state) -> None:
@@ -37,18 +39,34 @@ def add_completion_routes(app, state) -> None:
     async def completions(body: CompletionRequest, request: Request):
         _check_parameters(state, body)
         prompts = completion_prompts(state.tokenizer, body.prompt, state.model.config.vocab_size)
-        return await _answer(state, request, body, prompts, _CompletionFormat(new_id("cmpl"), state.model_id, body),
+        return await answer(state, request, body, prompts, _CompletionFormat(new_id("cmpl"), state.model_id, body),
                              echo=body.echo)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        _check_parameters(state, body)
-        tools = ChatTools.of(body, state.tokenizer)
-        prompt = chat_prompt_ids(state.tokenizer, body.messages, tools, body.chat_template_kwargs)
-        check_prompt(prompt)
-        grammar = await asyncio.to_thread(_chat_grammar, state, body, tools)
-        return await _answer(state, request, body, [prompt],
-                             _ChatFormat(new_id("chatcmpl"), state.model_id, body, tools), echo=False, grammar=grammar)
+        chat = await prepare_chat(state, body)
+        return await answer(state, request, body, [chat.prompt], _ChatFormat(new_id("chatcmpl"), state.model_id, body,
+                                                                             chat.reply), echo=False, chat=chat)
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    """A chat request made ready to generate: its prompt, its grammar, how its replies are read."""
+
+    prompt: list[int]
+    grammar: Grammar | None
+    reply: ReplyFormat
+
+
+async def prepare_chat(state, body: ChatCompletionRequest) -> PreparedChat:
+    """Chat and responses (responses.py) alike: parameters checked, the prompt through the template,
+    the grammar compiled (off the event loop)."""
+    _check_parameters(state, body)
+    tools = ChatTools.of(body, state.tokenizer)
+    prompt = chat_prompt_ids(state.tokenizer, body.messages, tools, body.chat_template_kwargs)
+    check_prompt(prompt)
+    grammar = await asyncio.to_thread(_chat_grammar, state, body, tools)
+    return PreparedChat(prompt, grammar, ReplyFormat.of(state.tokenizer, prompt, tools, constrained=grammar is not None))
 
 
 def _chat_grammar(state, body, tools: ChatTools | None) -> Grammar | None:
@@ -70,7 +88,10 @@ def _check_parameters(state, body) -> None:
 
 
 class _CompletionFormat:
+    """A response's shape: plain (response, choice) and streamed (opening, chunks, closing events)."""
+
     object_name, chunk_object_name = "text_completion", "text_completion"
+    done_marker = "[DONE]"  # the stream's last data
 
     def __init__(self, response_id: str, model: str, body):
         self.response_id, self.model, self.with_logprobs = response_id, model, body.num_logprobs is not None
@@ -90,22 +111,31 @@ class _CompletionFormat:
     def response(self, choices: list[dict], usage_counts: tuple[int, int]) -> dict:
         return response_object(self.response_id, self.object_name, self.model, choices, usage_counts)
 
-    def usage_chunk(self, usage_counts: tuple[int, int]) -> dict:
-        return self._chunk([], usage_counts)
+    def opening(self) -> list[dict]:
+        return []
+
+    def closing(self, usage_counts: tuple[int, int], body) -> list[dict]:
+        return [self._chunk([], usage_counts)] if body.include_usage_chunk else []
+
+    def error_event(self, error: ApiError) -> dict:
+        return error.body
+
+    def sse(self, event: dict):
+        """An event as EventSourceResponse sends it."""
+        return json.dumps(event)
 
     def _chunk(self, choices: list[dict], usage_counts: tuple[int, int] | None = None) -> dict:
         return response_object(self.response_id, self.chunk_object_name, self.model, choices, usage_counts)
 
 
 class _ChatFormat(_CompletionFormat):
-    """Chat's shape; with tools, each choice's text read as content and tool calls (tools.py)."""
+    """Chat's shape; each choice's text read as reasoning, content and tool calls (replies.py)."""
 
     object_name, chunk_object_name = "chat.completion", "chat.completion.chunk"
 
-    def __init__(self, response_id: str, model: str, body, tools: ChatTools | None = None):
+    def __init__(self, response_id: str, model: str, body, reply: ReplyFormat):
         super().__init__(response_id, model, body)
-        self.tools = tools if tools is not None and tools.reads_calls else None
-        self.readers = {}
+        self.reply, self.readers = reply, {}
 
     def _logprobs(self, entries) -> dict | None:
         return chat_logprobs(entries) if self.with_logprobs else None
@@ -116,15 +146,19 @@ class _ChatFormat(_CompletionFormat):
                                  "finish_reason": finish_reason}])
 
         chunks = [chunk({"role": "assistant", "content": ""})] if first else []
-        if self.tools is None:
+        if self.reply.plain:
             if piece.text or piece.logprobs:
                 chunks.append(chunk({"content": piece.text}, logprobs=self._logprobs(piece.logprobs)))
         else:
-            reader = self.readers.setdefault(index, ToolCallReader(self.tools))
+            reader = self.readers.setdefault(index, self.reply.reader())
             deltas = reader.add(piece.text) + (reader.finish() if piece.finish_reason is not None else [])
-            for delta in deltas:  # a piece's logprobs go with its content; a call's tokens have none
-                chunks.append(chunk({"content": delta[1]}, logprobs=self._logprobs(piece.logprobs))
-                              if delta[0] == "content" else chunk({"tool_calls": [_tool_call_delta(delta)]}))
+            for delta in deltas:  # a piece's logprobs go with its content; reasoning's and a call's have none
+                if delta[0] == "content":
+                    chunks.append(chunk({"content": delta[1]}, logprobs=self._logprobs(piece.logprobs)))
+                elif delta[0] == "reasoning":
+                    chunks.append(chunk({"reasoning_content": delta[1]}))
+                else:
+                    chunks.append(chunk({"tool_calls": [_tool_call_delta(delta)]}))
         if piece.finish_reason is not None:
             chunks.append(chunk({}, self._finish_reason(index, piece.finish_reason)))
         return chunks
@@ -136,16 +170,14 @@ class _ChatFormat(_CompletionFormat):
     def choice(self, index: int, pieces: list[TextPiece]) -> dict:
         choice = super().choice(index, pieces)
         message = {"role": "assistant", "content": choice["text"]}
-        if self.tools is not None:
-            reader = self.readers[index] = ToolCallReader(self.tools)
-            deltas = reader.add(choice["text"]) + reader.finish()
-            content = "".join(delta[1] for delta in deltas if delta[0] == "content")
-            arguments = ["".join(delta[2] for delta in deltas if delta[0] == "arguments" and delta[1] == call)
-                         for call in range(len(reader.calls))]
-            message["content"] = content or (None if reader.calls else "")
-            if reader.calls:
-                message["tool_calls"] = [tool_call(call.id, call.name, text)
-                                         for call, text in zip(reader.calls, arguments)]
+        if not self.reply.plain:
+            reader = self.readers[index] = self.reply.reader()
+            reply = read_whole(reader, choice["text"])
+            message["content"] = reply.content or (None if reply.calls else "")
+            if reply.reasoning:
+                message["reasoning_content"] = reply.reasoning
+            if reply.calls:
+                message["tool_calls"] = [tool_call(*call) for call in reply.calls]
         return {"index": index, "message": message, "logprobs": choice["logprobs"],
                 "finish_reason": self._finish_reason(index, choice["finish_reason"])}
 
@@ -157,12 +189,14 @@ def _tool_call_delta(delta: tuple) -> dict:
     return tool_call_delta(delta[1], delta[2])
 
 
-async def _answer(state, request: Request, body, prompts: list[list[int]], output: _CompletionFormat, echo: bool,
-                  grammar: Grammar | None = None):
+async def answer(state, request: Request, body, prompts: list[list[int]], output: _CompletionFormat, echo: bool,
+                 chat: PreparedChat | None = None):
+    """The response to a request of `prompts`, plain or streamed, shaped by `output`."""
     if len(prompts) * body.n > MAX_PROMPTS:
         raise ApiError.invalid(f"n: at most {MAX_PROMPTS} choices per request (prompts x n), got "
                                f"{len(prompts)} x {body.n}", "n")
-    choices = RequestChoices(state, prompts, body, echo, grammar)
+    choices = RequestChoices(state, prompts, body, echo, chat and chat.grammar, chat is not None and
+                             chat.reply.special_tokens)
     metrics, model = state.metrics, state.model_id
     metrics.prompt_tokens.labels(model).inc(choices.prompt_tokens)
     endings = [_Ending(metrics, model, choice) for choice in choices.choices]
@@ -232,24 +266,27 @@ async def _events(firsts: list[TextPiece], iterators: list[AsyncIterator[TextPie
     """The SSE data of a stream: chunks as pieces arrive, an error event if the swarm fails midway."""
     completion_tokens, started, prompt_tokens = 0, set(), choices.prompt_tokens
     try:
+        for event in output.opening():
+            yield output.sse(event)
         async for index, piece in interleave([_prepend(first, rest) for first, rest in zip(firsts, iterators)]):
             for chunk in output.chunks(index, piece, index not in started):
-                yield json.dumps(chunk)
+                yield output.sse(chunk)
             started.add(index)
             if piece.finish_reason is not None:
                 endings[index](piece.finish_reason)
                 completion_tokens += piece.completion_tokens
-        if body.include_usage_chunk:
-            yield json.dumps(output.usage_chunk((prompt_tokens, completion_tokens)))
+        for event in output.closing((prompt_tokens, completion_tokens), body):
+            yield output.sse(event)
     except Exception as exc:
         for ending in endings:
             ending("error")
-        yield json.dumps(api_error_from(exc).body)
+        yield output.sse(output.error_event(api_error_from(exc)))
     finally:
         for ending in endings:  # only counts those nothing above did: the client left (the task was cancelled)
             ending("disconnect")
         choices.cancel()  # what still runs (a scoring pass a choice did not wait for) stops too
-    yield "[DONE]"
+    if output.done_marker:
+        yield output.done_marker
 
 
 async def _prepend(first: TextPiece, iterator: AsyncIterator[TextPiece]) -> AsyncIterator[TextPiece]:

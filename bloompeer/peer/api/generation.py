@@ -47,6 +47,7 @@ class GenerationRequest:
     sampling: Sampling = Sampling()
     stops: tuple[str, ...] = ()
     num_logprobs: int | None = None  # None: no logprobs; k: each token's logprob and its k best alternatives
+    special_tokens: bool = False  # the text keeps special tokens (harmony's channel markers, replies.py)
 
 
 def eos_ids(model) -> set[int]:
@@ -178,7 +179,7 @@ class Generation:
             processors.insert(0, recorder)
         pad_token_id = self.tokenizer.pad_token_id
         pieces = PieceMaker(self.tokenizer, request.stops, request.max_new_tokens, eos_ids(self.model),
-                            recorder is not None)
+                            recorder is not None, request.special_tokens)
         with torch.inference_mode():
             self.model.generate(
                 input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=request.max_new_tokens,

@@ -154,6 +154,7 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None  # None only for an assistant message that made tool calls
     tool_calls: list[MessageToolCall] | None = None  # assistant: the calls it made
     tool_call_id: str | None = None  # tool: the call this message answers
+    reasoning_content: str | None = None  # assistant: its reasoning, as this API returned it (replies.py)
 
     @model_validator(mode="after")
     def _shape_of_role(self):

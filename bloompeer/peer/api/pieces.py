@@ -41,8 +41,8 @@ class PieceMaker:
     and one after a stop sequence is never released."""
 
     def __init__(self, tokenizer, stops: Sequence[str], max_new_tokens: int, eos_ids: set[int],
-                 with_logprobs: bool):
-        self.text = IncrementalText(tokenizer, stops)
+                 with_logprobs: bool, special_tokens: bool = False):
+        self.text = IncrementalText(tokenizer, stops, special_tokens)
         self.token_texts = TokenTexts(tokenizer) if with_logprobs else None
         self.max_new_tokens, self.eos_ids = max_new_tokens, eos_ids
         self.held: list[TokenLogprob] = []

@@ -6,6 +6,11 @@ and the grammar a reply must follow when it has to call (`tool_choice` required 
     llama3   Llama 3.1+: the whole reply is {"name": ..., "parameters": {...}} (after <|python_tag|>,
              if the model writes it); several calls separated by ";"
     mistral  Mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+    mistral_args  Mistral's newer templates (Small 3.2, Magistral, Devstral): [TOOL_CALLS]NAME[ARGS]{...}
+             per call ([CALL_ID]ID before [ARGS] in some); where the markers are special tokens the
+             text holds NAME{...}, which reads the same
+    harmony  gpt-oss: a message to the function, <|channel|>commentary to=functions.NAME <|constrain|>json
+             <|message|>{...arguments} (read by harmony.py, with the reply's other channels)
     json     a checkpoint whose chat template has no tool format (the demo model, BLOOM): the
              whole reply is {"name": ..., "arguments": {...}}, as tools.py's prompt asks for
 
@@ -41,6 +46,7 @@ class CallFormat:
     call_prefix: str = ""  # written before each call
     call_suffix: str = ""  # written after each call
     parallel: bool = True  # the format has room for several calls
+    opens_with_name: bool = False  # a reply of calls may begin with a tool's name (its marker a special token)
 
     def call_schema(self, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
         """The JSON schema of one call of function `name`: its name first, then its arguments."""
@@ -125,6 +131,55 @@ class _MistralCalls(CallFormat):
         return value if isinstance(value, list) else [None]
 
 
+class _MistralArgsCalls(CallFormat):
+    _CALL = re.compile(r"\s*(?:\[TOOL_CALLS\])?\s*([A-Za-z0-9_-]{1,64})(?:\[CALL_ID\][A-Za-z0-9]*)?(?:\[ARGS\])?")
+
+    def parse(self, text: str, tool_names: set[str]) -> tuple[str, list[ParsedCall]] | None:
+        calls, position, decoder = [], 0, json.JSONDecoder()
+        while position < len(text.rstrip()):
+            header = self._CALL.match(text, position)
+            if header is None or header.group(1) not in tool_names:
+                return None
+            try:
+                arguments, position = decoder.raw_decode(text, header.end())
+            except ValueError:
+                return None
+            if not isinstance(arguments, dict):
+                return None
+            calls.append((header.group(1), arguments))
+        return ("", calls) if calls else None
+
+    def grammar(self, call_schemas: list[dict[str, Any]], parallel: bool, strict: bool,
+                literal: Callable[[str], str] = json.dumps) -> str:
+        """[TOOL_CALLS]NAME[ARGS]{arguments}, once (or, if parallel, again and again)."""
+        return _named_calls(call_schemas, self.arguments_key, strict, "+" if parallel else "",
+                            lambda name: f'{literal("[TOOL_CALLS]")} {json.dumps(name)} {literal("[ARGS]")}')
+
+
+class _HarmonyCalls(CallFormat):
+    """Read by harmony.py's HarmonyReader (never by parse); here for the grammar of a required call."""
+
+    def grammar(self, call_schemas: list[dict[str, Any]], parallel: bool, strict: bool,
+                literal: Callable[[str], str] = json.dumps) -> str:
+        """One message to one of the functions (the name is its header's, the arguments its text)."""
+        return _named_calls(call_schemas, self.arguments_key, strict, "", lambda name: (
+            f'{literal("<|channel|>")} {json.dumps(f"commentary to=functions.{name} ")} {literal("<|constrain|>")} '
+            f'"json" {literal("<|message|>")}'))
+
+
+def _named_calls(call_schemas: list[dict[str, Any]], arguments_key: str, strict: bool, repeat: str,
+                 header: Callable[[str], str]) -> str:
+    """A Lark grammar of calls whose function is named by a header (header(name): its Lark text) and whose
+    arguments follow it as JSON; repeat: "" (one call) or "+" (one or more)."""
+    rules = []
+    for index, schema in enumerate(call_schemas):
+        arguments = {**schema["properties"][arguments_key], "x-guidance": {**_JSON_OPTIONS, "lenient": not strict}}
+        rules.append(f"call{index}: {header(schema['properties']['name']['const'])} body{index}\n"
+                     f"body{index}: %json {json.dumps(arguments)}")
+    calls = " | ".join(f"call{index}" for index in range(len(call_schemas)))
+    return f"start: ({calls}){repeat}\n" + "\n".join(rules) + "\n"
+
+
 CALL_FORMATS = {
     "json": _JsonCalls("json", markers=("",), opens=("{",), parallel=False),
     "qwen": _QwenCalls("qwen", markers=("<tool_call>",), opens=("<tool_call>",), text_before_calls=True,
@@ -133,6 +188,9 @@ CALL_FORMATS = {
                           opens=("<|python_tag|>", "{"), parallel=False),
     "mistral": _MistralCalls("mistral", markers=("[TOOL_CALLS]", ""), opens=("[TOOL_CALLS]", "["),
                              before=("[TOOL_CALLS]", "["), between=",", after="]"),
+    "mistral_args": _MistralArgsCalls("mistral_args", markers=("[TOOL_CALLS]",), opens=("[TOOL_CALLS]",),
+                                      opens_with_name=True),
+    "harmony": _HarmonyCalls("harmony", parallel=False),
 }
 
 
@@ -140,10 +198,12 @@ def call_format_for_template(template: str | None) -> CallFormat:
     """The family format a chat template writes tool calls in (json if it has none)."""
     if not template or "tools" not in template:
         return CALL_FORMATS["json"]
+    if "<|channel|>" in template:
+        return CALL_FORMATS["harmony"]
     if "<tool_call>" in template:
         return CALL_FORMATS["qwen"]
     if "[TOOL_CALLS]" in template:
-        return CALL_FORMATS["mistral"]
+        return CALL_FORMATS["mistral_args" if "[ARGS]" in template else "mistral"]
     if "<|python_tag|>" in template or "ipython" in template:
         return CALL_FORMATS["llama3"]
     return CALL_FORMATS["json"]

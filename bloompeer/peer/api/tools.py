@@ -23,7 +23,7 @@ from .errors import ApiError
 from .openai_schema import ChatMessage, Tool
 from .tool_formats import CallFormat, call_format_for_template
 
-__all__ = ["ChatTools", "ToolCallReader", "conversation"]
+__all__ = ["ChatTools", "ReadCall", "ToolCallReader", "conversation"]
 
 _CALL_INSTRUCTIONS = ("You can call these functions:\n{functions}\nTo call one, reply with only a JSON object: "
                       '{{"name": <the function\'s name>, "arguments": <its arguments, a JSON object>}}.')
@@ -40,6 +40,8 @@ def conversation(messages: Sequence[ChatMessage]) -> list[dict]:
             entry = {"role": message.role, "content": message.text()}
         except ValueError as exc:
             raise ApiError.invalid(f"messages.{index}: {exc}", f"messages.{index}.content") from None
+        if message.reasoning_content:  # as Qwen3's template reads it, and gpt-oss's ("thinking")
+            entry.update(reasoning_content=message.reasoning_content, thinking=message.reasoning_content)
         if message.tool_calls:
             entry["tool_calls"] = [_template_call(call, index) for call in message.tool_calls]
             called.update((call.id, call.function.name) for call in message.tool_calls)
@@ -140,10 +142,16 @@ class ChatTools:
 
 
 @dataclass
-class _Call:
+class ReadCall:
+    """A call read from a reply: its id (made here, as OpenAI's), its function, its arguments sent so far."""
+
     id: str
     name: str
     arguments_sent: str = ""
+
+    @classmethod
+    def new(cls, name: str) -> ReadCall:
+        return cls(f"call_{uuid.uuid4().hex[:24]}", name)
 
 
 @dataclass
@@ -160,7 +168,7 @@ class ToolCallReader:
     text: str = ""
     held_from: int | None = None  # auto: where the held text starts
     sent: int = 0  # auto: the text sent as content
-    calls: list[_Call] = field(default_factory=list)
+    calls: list[ReadCall] = field(default_factory=list)
 
     def add(self, text: str) -> list[tuple]:
         self.text += text
@@ -209,11 +217,11 @@ class ToolCallReader:
         if self.sent:
             return None  # content went out: this reply is text
         stripped = self.text.lstrip()
-        opens = call_format.opens
+        opens = call_format.opens + (tuple(self.tools.names) if call_format.opens_with_name else ())
         return 0 if any(start.startswith(stripped) or stripped.startswith(start) for start in opens) else None
 
     def _announce(self, name: str) -> list[tuple]:
-        self.calls.append(_Call(f"call_{uuid.uuid4().hex[:24]}", name))
+        self.calls.append(ReadCall.new(name))
         return [("call", len(self.calls) - 1, self.calls[-1].id, name)]
 
     def _stream_calls(self) -> list[tuple]:
