@@ -146,10 +146,17 @@ def test_a_server_whose_plan_does_not_fit_refuses_before_it_touches_the_network(
         asyncio.run(server_module.Server.create(config))
 
 
+HOST_AVAILABLE = 64 << 30
+
+
 @pytest.fixture
 def cgroup(tmp_path, monkeypatch):
-    """A fake cgroup (v2): cgroup(limit, usage) writes its memory.max and memory.current."""
+    """A fake cgroup (v2): cgroup(limit, usage) writes its memory.max and memory.current; on a fake
+    host whose MemAvailable is HOST_AVAILABLE (the real one moves with whatever else runs)."""
     monkeypatch.setattr(memory_plan, "CGROUP_DIR", tmp_path)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal:       {2 * HOST_AVAILABLE // 1024} kB\nMemAvailable:   {HOST_AVAILABLE // 1024} kB\n")
+    monkeypatch.setattr(memory_plan, "MEMINFO_PATH", meminfo)
 
     def set_cgroup(limit: int | str, usage: int) -> None:
         (tmp_path / "memory.max").write_text(f"{limit}\n")
@@ -161,12 +168,11 @@ def cgroup(tmp_path, monkeypatch):
 async def test_a_containers_limit_bounds_the_cache_the_server_gives_its_sessions(checkpoint, cgroup, compute):
     """A volunteer's container on a large host: the host's MemAvailable is far above the container's
     room, and the cache the server hands out is the plan's, from that room."""
-    host_available = available_bytes("cpu")
     cgroup("max", 10**9)
-    assert available_bytes("cpu") == host_available  # no limit: the host's memory
+    assert available_bytes("cpu") == HOST_AVAILABLE  # no limit: the host's memory
     room = 300 * MIB
     cgroup(10**9 + room, 10**9)
-    assert available_bytes("cpu") == room < host_available
+    assert available_bytes("cpu") == room < HOST_AVAILABLE
     config = dataclasses.replace(_config(), start=0, end=6)
     plan = plan_memory(config, checkpoint, range(0, 6))
     weights = plan.weights_bytes

@@ -46,6 +46,7 @@ FIT_WEIGHTS_SHARE = 0.5
 CPU_CACHE_SHARE = 0.5
 GPU_CACHE_SHARE = 0.8
 CGROUP_DIR = Path("/sys/fs/cgroup")  # where a container's memory limit is read (v2, else v1 under memory/)
+MEMINFO_PATH = Path("/proc/meminfo")  # the host's MemAvailable (tests point both at files of their own)
 _MIB = 2**20
 
 
@@ -67,7 +68,7 @@ def available_bytes(device: str) -> int:
     of MemAvailable and the room left under the cgroup's limit (a container's)."""
     if torch.device(device).type == "cuda":
         return torch.cuda.mem_get_info(torch.device(device))[0]
-    with open("/proc/meminfo") as meminfo:
+    with open(MEMINFO_PATH) as meminfo:
         fields = dict(line.split(":", 1) for line in meminfo)
     available = int(fields["MemAvailable"].split()[0]) * 1024
     room = _cgroup_room()
