@@ -107,8 +107,8 @@ async def run_step(backend: SpanBackend, pusher: PushSender, session: Session, s
                                                rest))
         deliveries.append(_pass_on(backend, pusher, hop, pushed))
     deliveries.append(session.deliver(StepOutput(output, step.step_id)))
-    await asyncio.gather(*deliveries)
-    backend.metrics.observe_step_phases(clock.phases(time.perf_counter()))
+    await asyncio.gather(clock.time_sending(deliveries[0]), *deliveries[1:])
+    backend.metrics.observe_step_phases(clock.phases())
 
 
 async def _pass_on(backend: SpanBackend, pusher: PushSender, hop: PushTarget, pushed: PushStep) -> None:

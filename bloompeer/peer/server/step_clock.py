@@ -7,8 +7,9 @@ stretch of that path, observed per step in `bloompeer_server_step_phase_seconds{
   queue    waiting for the compute thread (other passes, a batch being gathered, the hand-off);
   compute  its pass through the blocks (a pass that batches several steps counts for each);
   resume   from the pass's end on the compute thread to the step's task running on the event loop;
-  encode   the output encoded and written: pushed on to the next server first where the client
-           asked, then answered to the client.
+  encode   the output encoded and written to the hop that waits for it: the next server where the
+           client asked for a push, else the client (a pushing server's answer to its client, which
+           only keeps a copy, is not on the step's path and not timed).
 
 All times are time.perf_counter(), one clock for every thread of the process.
 """
@@ -16,6 +17,7 @@ All times are time.perf_counter(), one clock for every thread of the process.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 __all__ = ["PHASES", "StepClock"]
@@ -31,6 +33,7 @@ class StepClock:
     compute_s: float = 0.0
     pass_ended: float = 0.0
     output_ready: float = 0.0
+    sent: float = 0.0  # the output was written to the hop that waits for it
 
     def add_pass(self, submitted: float, started: float, ended: float) -> None:
         """One pass of this step: asked for at `submitted`, run on the compute thread from `started` to `ended`."""
@@ -43,7 +46,12 @@ class StepClock:
     def output_is_ready(self) -> None:
         self.output_ready = time.perf_counter()
 
-    def phases(self, answered: float) -> dict[str, float]:
-        """Seconds of each phase, for a step whose answer was written at `answered`."""
+    async def time_sending(self, delivery: Awaitable[None]) -> None:
+        """Await the delivery of the output to the hop that waits for it, noting when it was written."""
+        await delivery
+        self.sent = time.perf_counter()
+
+    def phases(self) -> dict[str, float]:
+        """Seconds of each phase, for a step whose output was sent."""
         return {"decode": self.queued - self.received, "queue": self.queue_s, "compute": self.compute_s,
-                "resume": self.output_ready - self.pass_ended, "encode": answered - self.output_ready}
+                "resume": self.output_ready - self.pass_ended, "encode": self.sent - self.output_ready}
