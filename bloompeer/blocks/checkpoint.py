@@ -25,7 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import RequestError
-from .families import family_for_model_type
+from .families import MULTIMODAL_CHECKPOINTS, TextModelOf, family_for_model_type
 from .published_formats import dequantize_published, kept_as_stored
 from .family import ModelFamily
 from .span import BlockSpan
@@ -92,26 +92,54 @@ class Checkpoint:
         return config_json
 
     @cached_property
+    def _multimodal(self) -> TextModelOf | None:
+        """What to read of a multimodal checkpoint (served as its text model); None for a text model's."""
+        return MULTIMODAL_CHECKPOINTS.get(self._config_json.get("model_type"))
+
+    @cached_property
     def family(self) -> ModelFamily:
+        model_type = self._config_json.get("model_type")
         try:
-            return family_for_model_type(self._config_json.get("model_type"))
+            if self._multimodal is not None:
+                model_type = self._text_model_config().model_type
+            return family_for_model_type(model_type)
         except ValueError as exc:
             raise CheckpointError(f"{self.name_or_path}: {exc}") from None
 
     @property
     def quantization_config(self) -> dict | None:
-        """How the authors published its weights, if not in a float dtype (published_formats.py)."""
-        return self._config_json.get("quantization_config")
+        """How the authors published its weights, if not in a float dtype (published_formats.py): in config.json,
+        or in its text model's config (Kimi K2.5's)."""
+        text_config = self._config_json.get("text_config")
+        nested = text_config.get("quantization_config") if isinstance(text_config, dict) else None
+        return self._config_json.get("quantization_config") or nested
 
     def config(self):
-        """The model's transformers config (BloomConfig, LlamaConfig, Qwen3Config, ...), a new object each
-        call (callers may change theirs); CheckpointError if bloompeer cannot compute it exactly."""
+        """The model's transformers config (BloomConfig, LlamaConfig, Qwen3Config, ...; a multimodal checkpoint's
+        text model's), a new object each call (callers may change theirs); CheckpointError if bloompeer cannot
+        compute it exactly."""
         family = self.family
-        config = family.config_class(self._config_json["model_type"])(**copy.deepcopy(self._config_json))
+        if self._multimodal is not None:
+            config = self._text_model_config()
+        else:
+            config = family.config_class(self._config_json["model_type"])(**copy.deepcopy(self._config_json))
         try:
             family.span_class.check_config(config)
         except ValueError as exc:
             raise CheckpointError(f"{self.name_or_path}: {exc}") from None
+        return config
+
+    def _text_model_config(self):
+        """A multimodal checkpoint's text model's config as transformers reads it (its config class nests it),
+        with the checkpoint's tie_word_embeddings: transformers' multimodal class ties its head by its own."""
+        from transformers import AutoConfig  # config classes only
+
+        try:
+            outer = AutoConfig.for_model(**copy.deepcopy(self._config_json))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{self.name_or_path}: transformers cannot read its config.json: {exc}") from None
+        config = outer.get_text_config()
+        config.tie_word_embeddings = outer.tie_word_embeddings
         return config
 
     def weight_map(self) -> dict[str, str]:
@@ -126,8 +154,17 @@ class Checkpoint:
         else:
             with safe_open(self.file(SINGLE_FILE), framework="pt") as f:
                 raw_map = {name: SINGLE_FILE for name in f.keys()}
-        prefix = self.family.stored_prefix
-        return {name.removeprefix(prefix) if prefix else name: (shard, name) for name, shard in raw_map.items()}
+        return {self._family_name(name): (shard, name) for name, shard in raw_map.items()}
+
+    def _family_name(self, stored: str) -> str:
+        """A tensor's name as its family names it: a multimodal checkpoint's text model renamed (its other parts
+        keep their names, which no family reads), a stored prefix dropped."""
+        for stored_prefix, prefix in self._multimodal.renames if self._multimodal is not None else ():
+            if stored.startswith(stored_prefix):
+                stored = prefix + stored.removeprefix(stored_prefix)
+                break
+        family_prefix = self.family.stored_prefix
+        return stored.removeprefix(family_prefix) if family_prefix else stored
 
     def fingerprint(self) -> str:
         """A digest of config.json as stored and of the tensor layout (names, shards).
