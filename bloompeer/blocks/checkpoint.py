@@ -28,7 +28,7 @@ from ..errors import RequestError
 from .families import MULTIMODAL_CHECKPOINTS, TextModelOf, family_for_model_type
 from .published_formats import dequantize_published, kept_as_stored
 from .family import ModelFamily
-from .span import BlockSpan
+from .span import BlockSpan, float32_parameter_names
 
 __all__ = ["Checkpoint", "CheckpointError", "open_checkpoint"]
 
@@ -181,9 +181,11 @@ class Checkpoint:
         digest.update(json.dumps(sorted(self.weight_map().items())).encode())
         return digest.hexdigest()[:16]
 
-    def load_tensors(self, prefixes: tuple[str, ...], dtype: torch.dtype, desc: str | None) -> dict[str, torch.Tensor]:
+    def load_tensors(self, prefixes: tuple[str, ...], dtype: torch.dtype, desc: str | None,
+                     float32_names: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
         """Load every tensor whose name starts with one of `prefixes`, opening only their shards (with a
-        progress bar named `desc`, or none), in `dtype` (a published format's codes as stored)."""
+        progress bar named `desc`, or none), in `dtype` (a published format's codes as stored; those named in
+        `float32_names` in float32)."""
         by_shard: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for name, (shard, stored) in self._stored_names.items():
             if name.startswith(prefixes):
@@ -196,7 +198,8 @@ class Checkpoint:
                 with safe_open(self.file(shard), framework="pt") as f:
                     for name, stored in names:
                         tensor = f.get_tensor(stored)
-                        tensors[name] = tensor if kept_as_stored(name, tensor) else tensor.to(dtype)
+                        cast = torch.float32 if name in float32_names else dtype
+                        tensors[name] = tensor if kept_as_stored(name, tensor) else tensor.to(cast)
                         progress.update()
         return tensors
 
@@ -214,7 +217,8 @@ class Checkpoint:
                       unit="block", disable=None, leave=False)
         for index, block in blocks:
             prefix = family.block_prefix(index)
-            tensors = self.load_tensors((prefix,), dtype, desc=None)
+            float32 = frozenset(prefix + name for name in float32_parameter_names(block))
+            tensors = self.load_tensors((prefix,), dtype, desc=None, float32_names=float32)
             state = {name.removeprefix(prefix): tensor for name, tensor in tensors.items()}
             try:
                 state = span.block_state(dequantize_published(state, self.quantization_config, dtype))
