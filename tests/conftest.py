@@ -128,6 +128,17 @@ def deepseek_checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def kimi_k25_checkpoint(tmp_path_factory) -> Path:
+    """Kimi K2.5's multimodal checkpoint in its published layout (tests/helpers/kimi_k25.py), whose text model is
+    DEEPSEEK_FAMILY's deepseek_v3 (a query LoRA, YaRN, group-limited routing, a correction bias), with weights of
+    its own."""
+    from .helpers.kimi_k25 import write_kimi_k25_checkpoint
+
+    fields = {name: value for name, value in DEEPSEEK_FAMILY["deepseek_v3"].items() if name != "model_type"}
+    return write_kimi_k25_checkpoint(tmp_path_factory.mktemp("kimi-k25") / "kimi_k25", fields, num_blocks=TINY_BLOCKS)
+
+
+@pytest.fixture(scope="session")
 def reference_model(tiny_checkpoint) -> BloomForCausalLM:
     """transformers' own BLOOM on the same weights: the numeric reference."""
     return BloomForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()

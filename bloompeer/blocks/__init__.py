@@ -13,10 +13,11 @@ from .quantized_linear import (
     check_int4_shape, check_kernels, int8_cuda_arithmetic_on, quantize_block, stored_weight_nbytes,
 )
 from .rope import ROPE_TYPES
-from .span import BlockSpan, Segment
+from .span import BlockSpan, Segment, float32_parameter_names
 
 __all__ = [
     "BlockSpan", "Checkpoint", "CheckpointError", "ClientParts", "FAMILIES", "ModelFamily", "ROPE_TYPES", "Segment",
-    "SessionCache", "check_int4_shape", "check_kernels", "family_for_model_type", "int8_cuda_arithmetic_on",
-    "open_checkpoint", "quantize_block", "served_model_types", "stored_weight_nbytes", "token_positions",
+    "SessionCache", "check_int4_shape", "check_kernels", "family_for_model_type", "float32_parameter_names",
+    "int8_cuda_arithmetic_on", "open_checkpoint", "quantize_block", "served_model_types", "stored_weight_nbytes",
+    "token_positions",
 ]

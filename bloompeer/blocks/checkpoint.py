@@ -25,10 +25,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import RequestError
-from .families import family_for_model_type
+from .families import MULTIMODAL_CHECKPOINTS, TextModelOf, family_for_model_type
 from .published_formats import dequantize_published, kept_as_stored
 from .family import ModelFamily
-from .span import BlockSpan
+from .span import BlockSpan, float32_parameter_names
 
 __all__ = ["Checkpoint", "CheckpointError", "open_checkpoint"]
 
@@ -92,26 +92,54 @@ class Checkpoint:
         return config_json
 
     @cached_property
+    def _multimodal(self) -> TextModelOf | None:
+        """What to read of a multimodal checkpoint (served as its text model); None for a text model's."""
+        return MULTIMODAL_CHECKPOINTS.get(self._config_json.get("model_type"))
+
+    @cached_property
     def family(self) -> ModelFamily:
+        model_type = self._config_json.get("model_type")
         try:
-            return family_for_model_type(self._config_json.get("model_type"))
+            if self._multimodal is not None:
+                model_type = self._text_model_config().model_type
+            return family_for_model_type(model_type)
         except ValueError as exc:
             raise CheckpointError(f"{self.name_or_path}: {exc}") from None
 
     @property
     def quantization_config(self) -> dict | None:
-        """How the authors published its weights, if not in a float dtype (published_formats.py)."""
-        return self._config_json.get("quantization_config")
+        """How the authors published its weights, if not in a float dtype (published_formats.py): in config.json,
+        or in its text model's config (Kimi K2.5's)."""
+        text_config = self._config_json.get("text_config")
+        nested = text_config.get("quantization_config") if isinstance(text_config, dict) else None
+        return self._config_json.get("quantization_config") or nested
 
     def config(self):
-        """The model's transformers config (BloomConfig, LlamaConfig, Qwen3Config, ...), a new object each
-        call (callers may change theirs); CheckpointError if bloompeer cannot compute it exactly."""
+        """The model's transformers config (BloomConfig, LlamaConfig, Qwen3Config, ...; a multimodal checkpoint's
+        text model's), a new object each call (callers may change theirs); CheckpointError if bloompeer cannot
+        compute it exactly."""
         family = self.family
-        config = family.config_class(self._config_json["model_type"])(**copy.deepcopy(self._config_json))
+        if self._multimodal is not None:
+            config = self._text_model_config()
+        else:
+            config = family.config_class(self._config_json["model_type"])(**copy.deepcopy(self._config_json))
         try:
             family.span_class.check_config(config)
         except ValueError as exc:
             raise CheckpointError(f"{self.name_or_path}: {exc}") from None
+        return config
+
+    def _text_model_config(self):
+        """A multimodal checkpoint's text model's config as transformers reads it (its config class nests it),
+        with the checkpoint's tie_word_embeddings: transformers' multimodal class ties its head by its own."""
+        from transformers import AutoConfig  # config classes only
+
+        try:
+            outer = AutoConfig.for_model(**copy.deepcopy(self._config_json))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{self.name_or_path}: transformers cannot read its config.json: {exc}") from None
+        config = outer.get_text_config()
+        config.tie_word_embeddings = outer.tie_word_embeddings
         return config
 
     def weight_map(self) -> dict[str, str]:
@@ -126,8 +154,17 @@ class Checkpoint:
         else:
             with safe_open(self.file(SINGLE_FILE), framework="pt") as f:
                 raw_map = {name: SINGLE_FILE for name in f.keys()}
-        prefix = self.family.stored_prefix
-        return {name.removeprefix(prefix) if prefix else name: (shard, name) for name, shard in raw_map.items()}
+        return {self._family_name(name): (shard, name) for name, shard in raw_map.items()}
+
+    def _family_name(self, stored: str) -> str:
+        """A tensor's name as its family names it: a multimodal checkpoint's text model renamed (its other parts
+        keep their names, which no family reads), a stored prefix dropped."""
+        for stored_prefix, prefix in self._multimodal.renames if self._multimodal is not None else ():
+            if stored.startswith(stored_prefix):
+                stored = prefix + stored.removeprefix(stored_prefix)
+                break
+        family_prefix = self.family.stored_prefix
+        return stored.removeprefix(family_prefix) if family_prefix else stored
 
     def fingerprint(self) -> str:
         """A digest of config.json as stored and of the tensor layout (names, shards).
@@ -144,9 +181,11 @@ class Checkpoint:
         digest.update(json.dumps(sorted(self.weight_map().items())).encode())
         return digest.hexdigest()[:16]
 
-    def load_tensors(self, prefixes: tuple[str, ...], dtype: torch.dtype, desc: str | None) -> dict[str, torch.Tensor]:
+    def load_tensors(self, prefixes: tuple[str, ...], dtype: torch.dtype, desc: str | None,
+                     float32_names: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
         """Load every tensor whose name starts with one of `prefixes`, opening only their shards (with a
-        progress bar named `desc`, or none), in `dtype` (a published format's codes as stored)."""
+        progress bar named `desc`, or none), in `dtype` (a published format's codes as stored; those named in
+        `float32_names` in float32)."""
         by_shard: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for name, (shard, stored) in self._stored_names.items():
             if name.startswith(prefixes):
@@ -159,7 +198,8 @@ class Checkpoint:
                 with safe_open(self.file(shard), framework="pt") as f:
                     for name, stored in names:
                         tensor = f.get_tensor(stored)
-                        tensors[name] = tensor if kept_as_stored(name, tensor) else tensor.to(dtype)
+                        cast = torch.float32 if name in float32_names else dtype
+                        tensors[name] = tensor if kept_as_stored(name, tensor) else tensor.to(cast)
                         progress.update()
         return tensors
 
@@ -177,7 +217,8 @@ class Checkpoint:
                       unit="block", disable=None, leave=False)
         for index, block in blocks:
             prefix = family.block_prefix(index)
-            tensors = self.load_tensors((prefix,), dtype, desc=None)
+            float32 = frozenset(prefix + name for name in float32_parameter_names(block))
+            tensors = self.load_tensors((prefix,), dtype, desc=None, float32_names=float32)
             state = {name.removeprefix(prefix): tensor for name, tensor in tensors.items()}
             try:
                 state = span.block_state(dequantize_published(state, self.quantization_config, dtype))

@@ -61,7 +61,11 @@ class GroupLimitedRouter(Router):
     in `num_groups` groups, each scored by its two best, the `top_groups` best groups kept, and the k best
     experts of those (in topk's unsorted order, which sets the order of the slots' sum); the weights are
     the chosen experts' scores, divided by their sum (+ 1e-20) if `renormalize`, times `scaling`.
-    Everything stays float32 (transformers keeps this router's weight in float32 whatever the dtype)."""
+    Everything stays float32: its weight and correction bias are held in float32 whatever dtype the block is
+    served in (`float32_parameters`, as transformers' _keep_in_fp32_modules_strict keeps them), so that a
+    bfloat16 server chooses the experts transformers' bfloat16 model chooses."""
+
+    float32_parameters = ("weight", "e_score_correction_bias")
 
     def __init__(self, hidden: int, num_experts: int, num_groups: int, top_groups: int, renormalize: bool,
                  scaling: float):

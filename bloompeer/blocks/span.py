@@ -22,9 +22,18 @@ from torch import nn
 from .batched_linear import BatchedLinears
 from .kv_cache import CacheLayout, SessionCache
 
-__all__ = ["BlockSpan", "Linear", "Segment", "allowed_keys"]
+__all__ = ["BlockSpan", "Linear", "Segment", "allowed_keys", "float32_parameter_names"]
 
 Linear = Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (a linear layer, its input rows) -> output rows
+
+
+def float32_parameter_names(block: nn.Module) -> set[str]:
+    """Names (in the block's state dict) of the parameters it keeps in float32 whatever dtype it is served in:
+    those a module lists in its `float32_parameters`, as transformers' `_keep_in_fp32_modules_strict` keeps them
+    (DeepSeek-V3's and GLM-4.5's router weight and correction bias). The loader reads them so, and the memory
+    plan counts them so."""
+    return {f"{prefix}.{name}" if prefix else name for prefix, module in block.named_modules()
+            for name in getattr(module, "float32_parameters", ())}
 
 
 def allowed_keys(padding_mask: torch.Tensor, num_new: int, window: int | None = None) -> torch.Tensor:

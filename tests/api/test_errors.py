@@ -87,3 +87,15 @@ def test_missing_blocks_are_503_naming_them(half_served_api, fresh_model):
             error = _error(raised)
             assert error["code"] == "missing_blocks" and error["missing_blocks"] == [2, 3]
             assert "block(s) 2:4" in error["message"] and "bloompeer serve" in error["message"], error
+
+
+def test_an_image_in_a_chat_message_is_400_naming_the_part(client, model_id):
+    """The API serves text models (a multimodal checkpoint's text model): an image part is refused, not dropped."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=model_id, max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}])
+    error = _error(raised)
+    assert error["param"] == "messages.0.content", error
+    assert "content part 1" in error["message"] and "'image_url'" in error["message"] \
+        and "only text parts" in error["message"], error

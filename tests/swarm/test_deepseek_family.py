@@ -4,9 +4,10 @@ float32, loaded with `experts_implementation="grouped_mm"` (its default experts 
 
 Every checkpoint of DEEPSEEK_FAMILY (tests/conftest.py: DeepSeek-V3 with and without a query LoRA, dense
 block 0, group-limited routing with a correction bias, YaRN trained for 16 positions; GLM-4.5) is served
-by two servers (blocks 0:2 and 2:4) on the shared bootstrap peer, all started at once; the servers cache
-latent attention's latent, not keys and values. Texts run past YaRN's original 16 positions. What needs
-servers of its own (a kill) gets a copy of the DeepSeek-V3 checkpoint under another name.
+by two servers (blocks 0:2 and 2:4) on the shared bootstrap peer, all started at once, and so is Kimi K2.5's
+multimodal checkpoint (served as its text model, a DeepSeek-V3); the servers cache latent attention's latent,
+not keys and values. Texts run past YaRN's original 16 positions. What needs servers of its own (a kill)
+gets a copy of the DeepSeek-V3 checkpoint under another name.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from contextlib import ExitStack
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, FineGrainedFP8Config
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, FineGrainedFP8Config
 
 from bloompeer import AutoDistributedModelForCausalLM, DistributedLlamaForCausalLM
+from bloompeer.errors import RequestError
 from bloompeer.peer.cli.local_swarm import stop_in_parallel
 
 from ..conftest import DEEPSEEK_FAMILY
@@ -36,6 +38,7 @@ from .test_moe_family import (  # noqa: F401 (rewinds: a fixture)
 NEW_TOKENS = 14  # PROMPT's 11 tokens and these: 25 positions, past YaRN's original 16
 VARIANTS = sorted(DEEPSEEK_FAMILY)  # deepseek_v3, deepseek_v3-no-q-lora, glm4_moe
 LATENT = [name for name in VARIANTS if name.startswith("deepseek")]
+SERVED = [*VARIANTS, "kimi_k25"]
 
 
 @functools.cache
@@ -51,9 +54,14 @@ def references(deepseek_checkpoints):
 
 
 @pytest.fixture(scope="module")
-def deepseek_servers(swarm, deepseek_checkpoints):
+def served_checkpoints(deepseek_checkpoints, kimi_k25_checkpoint):
+    return deepseek_checkpoints | {"kimi_k25": kimi_k25_checkpoint}
+
+
+@pytest.fixture(scope="module")
+def deepseek_servers(swarm, served_checkpoints):
     servers = [swarm.add_server(start, end, model=path, wait=False, name=f"{name}-{start}-{end}")
-               for name, path in deepseek_checkpoints.items() for start, end in [(0, 2), (2, 4)]]
+               for name, path in served_checkpoints.items() for start, end in [(0, 2), (2, 4)]]
     try:
         deadline = time.monotonic() + 180
         for server in servers:
@@ -64,9 +72,9 @@ def deepseek_servers(swarm, deepseek_checkpoints):
 
 
 @pytest.fixture(scope="module")
-def clients(deepseek_servers, swarm, deepseek_checkpoints):
-    """clients(name) -> our model of DEEPSEEK_FAMILY[name] through the swarm, made once for the module,
-    pushing between servers for every other variant and trusting only that variant's two servers."""
+def clients(deepseek_servers, swarm, served_checkpoints):
+    """clients(name) -> our model of DEEPSEEK_FAMILY[name] (or Kimi K2.5) through the swarm, made once for the
+    module, pushing between servers for every other variant and trusting only that variant's two servers."""
     made = {}
     with ExitStack() as stack:
         def client(name):
@@ -74,9 +82,9 @@ def clients(deepseek_servers, swarm, deepseek_checkpoints):
                 trusted = tuple(server.peer_id_str for server in deepseek_servers
                                 if server.name.startswith(name + "-") and server.name.count("-") == name.count("-") + 2)
                 assert len(trusted) == 2
-                config = _client_config(swarm, push=VARIANTS.index(name) % 2 == 1, trusted_servers=trusted)
+                config = _client_config(swarm, push=SERVED.index(name) % 2 == 1, trusted_servers=trusted)
                 made[name] = stack.enter_context(
-                    AutoDistributedModelForCausalLM.from_pretrained(deepseek_checkpoints[name], client_config=config))
+                    AutoDistributedModelForCausalLM.from_pretrained(served_checkpoints[name], client_config=config))
             return made[name]
 
         yield client
@@ -185,3 +193,19 @@ def test_deepseek_served_from_its_fp8_checkpoint_generates_as_transformers_loads
     kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
     with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm)) as ours:
         assert ours.generate(PROMPT, **kwargs).tolist() == reference.generate(PROMPT, **kwargs).tolist()
+
+
+@torch.inference_mode()
+def test_kimi_k25_served_as_its_text_model_generates_as_transformers_and_refuses_images(clients, kimi_k25_checkpoint):
+    """Kimi K2.5's multimodal checkpoint in its published layout (text_config, language_model.*): the servers hold
+    its text model's blocks, the client its embeddings and head; greedy tokens equal, and teacher-forced logits
+    within 1e-4 of, transformers' class for the checkpoint (Kimi_K25ForConditionalGeneration, text only: its text
+    model is DeepseekV3ForCausalLM's computation, tests/unit/test_kimi_k25.py). Images are refused, not dropped."""
+    ours = clients("kimi_k25")
+    reference = AutoModelForImageTextToText.from_pretrained(kimi_k25_checkpoint, dtype=torch.float32).eval()
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    assert ours.generate(PROMPT, **kwargs).tolist() == reference.generate(PROMPT, **kwargs).tolist()
+    ids = torch.randint(4, 250, (2, 20), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(ours(ids).logits, reference(ids).logits, rtol=0, atol=1e-4)
+    with pytest.raises(RequestError, match="pixel_values: images, video and sound are not taken"):
+        ours.generate(PROMPT, pixel_values=torch.zeros(4, 3, 14, 14), **kwargs)

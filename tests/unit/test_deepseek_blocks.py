@@ -8,11 +8,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, FineGrainedFP8Config
 
-from bloompeer.blocks import Segment, open_checkpoint
+from bloompeer.blocks import Segment, float32_parameter_names, open_checkpoint
 from bloompeer.blocks.kv_cache import CacheLayout
 from bloompeer.blocks.llama import SwiGLU
 from bloompeer.blocks.mla import LatentAttention, softmax_scale
 from bloompeer.blocks.moe import SparseMoe
+from bloompeer.peer.server.stored_blocks import StoredBlocks
+from bloompeer.weight_format import WeightFormat
 
 from ..conftest import DEEPSEEK_FAMILY
 from ..helpers.fp8 import write_fp8_checkpoint
@@ -188,3 +190,30 @@ def test_deepseek_published_in_fp8_loads_as_transformers_dequantizes_it(fp8_deep
     expected = reference.model(IDS, attention_mask=MASK, position_ids=_positions(MASK)).last_hidden_state
     hidden = span(reference.model.embed_tokens(IDS), MASK)
     torch.testing.assert_close(reference.model.norm(hidden)[MASK], expected[MASK], rtol=0, atol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", ["deepseek_v3", "glm4_moe"])
+def test_served_in_bfloat16_the_router_chooses_as_transformers_bfloat16_model(name, deepseek_checkpoints):
+    """transformers keeps the router's weight and correction bias in float32 whatever the dtype
+    (_keep_in_fp32_modules_strict); so does a bfloat16 block loaded as a server loads it, and it chooses the
+    same experts with the same weights for the same bfloat16 input (its weight rounded to bfloat16, it chose
+    others). The memory plan counts them in float32."""
+    path = deepseek_checkpoints[name]
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, experts_implementation="grouped_mm")
+    theirs = reference.model.layers[2].mlp.gate
+    assert theirs.weight.dtype == theirs.e_score_correction_bias.dtype == torch.float32
+    block = open_checkpoint(path).load_span(2, 3, torch.bfloat16).blocks[0]
+    router = block.feed_forward.gate
+    assert router.weight.dtype == router.e_score_correction_bias.dtype == torch.float32
+    assert block.feed_forward.experts[0].up_proj.weight.dtype == torch.bfloat16
+    hidden = torch.randn(2048, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    _, weights, experts = theirs(hidden)
+    mine_weights, mine_experts = router.choose(router.logits(hidden, [2048]), 3)
+    assert torch.equal(mine_experts, experts) and torch.equal(mine_weights, weights)
+    rounded = router.weight.to(torch.bfloat16).float()
+    assert not torch.equal(router.choose(torch.nn.functional.linear(hidden.float(), rounded), 3)[1], experts)
+    float32_bytes = 4 * (router.weight.numel() + router.e_score_correction_bias.numel())
+    assert float32_parameter_names(block) == {"mlp.gate.weight", "mlp.gate.e_score_correction_bias"}
+    stored = StoredBlocks(open_checkpoint(path), WeightFormat(dtype="bfloat16")).block_nbytes[2]
+    assert stored == 2 * sum(t.numel() for t in block.state_dict().values()) + float32_bytes // 2

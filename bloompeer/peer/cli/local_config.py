@@ -11,11 +11,13 @@ __all__ = ["local_num_model_blocks"]
 
 
 def local_num_model_blocks(model: str | Path) -> int | None:
-    """The number of blocks in `model`'s config.json, or None if it is not a local directory
+    """The number of blocks in `model`'s config.json (its text model's), or None if it is not a local directory
     with one (a hub name), or the file does not say."""
     config_file = Path(model).expanduser() / "config.json"
     if not config_file.is_file():
         return None
     config = json.loads(config_file.read_text())
+    if isinstance(config.get("text_config"), dict):  # a multimodal checkpoint, served as its text model (Kimi K2.5)
+        config = config["text_config"]
     num_model_blocks = config.get("n_layer", config.get("num_hidden_layers"))
     return num_model_blocks if isinstance(num_model_blocks, int) else None

@@ -18,15 +18,29 @@ from transformers import GenerationConfig
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from ...blocks import Checkpoint, ClientParts, open_checkpoint
-from ...p2p import NetworkConfig
+from ...p2p import NetworkConfig, RequestError
 from .config import ClientConfig
 from .inference_session import InferenceSession
 from .remote_cache import RemoteCache
 from .swarm_client import SwarmClient
 
-__all__ = ["CallsInThisThread", "DistributedModelMixin", "RemoteBlocksModel", "TUNING_MODES"]
+__all__ = ["CallsInThisThread", "DistributedModelMixin", "RemoteBlocksModel", "TUNING_MODES", "refuse_media"]
 
 TUNING_MODES = (None, "ptune", "deep_ptune")
+# Keyword arguments that carry images, video or sound to a multimodal model (transformers' names: pixel_values,
+# image_grid_thw, pixel_values_videos, video_grid_thw, mm_encoder_outputs (Kimi K2.5), input_features, ...)
+_MEDIA_ARGUMENTS = ("pixel_values", "image", "video", "audio", "mm_", "input_features")
+
+
+def refuse_media(kwargs: dict) -> None:
+    """RequestError for images (or video, sound) passed to a model call: bloompeer serves text models, and of a
+    multimodal checkpoint (Kimi K2.5's) its text model only, so they would be silently ignored."""
+    media = sorted(name for name, value in kwargs.items()
+                   if value is not None and any(part in name for part in _MEDIA_ARGUMENTS))
+    if media:
+        raise RequestError(f"{', '.join(media)}: images, video and sound are not taken: bloompeer serves text "
+                           "models (of a multimodal checkpoint such as Kimi K2.5, its text model only); pass the "
+                           "text alone (input_ids)")
 
 
 def _wire_padding_mask(attention_mask: torch.Tensor | None, num_new: int) -> torch.Tensor | None:
@@ -133,6 +147,7 @@ class RemoteBlocksModel:
 
         Positions are the servers' business: each token's is the count of real (unpadded) tokens
         before it, as transformers' generate counts them (position_ids are not taken)."""
+        refuse_media(kwargs)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if output_attentions or output_hidden_states:

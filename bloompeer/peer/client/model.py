@@ -15,7 +15,7 @@ from torch import nn
 from transformers.generation import GenerationMode
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .base import DistributedModelMixin
+from .base import DistributedModelMixin, refuse_media
 from .inference_session import InferenceSession
 from .remote_cache import RemoteCache
 
@@ -81,6 +81,7 @@ class DistributedCausalLMMixin(DistributedModelMixin):
     def forward(self, input_ids=None, cache=None, attention_mask=None, inputs_embeds=None, labels=None,
                 use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None,
                 logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithPast:
+        refuse_media(kwargs)
         outputs = self.remote(input_ids, cache=cache, attention_mask=attention_mask,
                                    inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                                    output_hidden_states=output_hidden_states)
@@ -108,7 +109,9 @@ class DistributedCausalLMMixin(DistributedModelMixin):
         model_kwargs["cache"] = RemoteCache(session, prompts)
 
     def generate(self, *args, **kwargs):
-        """transformers' generate; without an inference_session(), on a session of its own, closed on return."""
+        """transformers' generate; without an inference_session(), on a session of its own, closed on return.
+        Images are refused before any session opens (refuse_media)."""
+        refuse_media(kwargs)
         calls = self.remote.calls
         outer, calls.generate_session = calls.generate_session, None
         try:

@@ -17,7 +17,9 @@ from functools import cached_property
 import torch
 from torch import nn
 
-from ...blocks import Checkpoint, check_int4_shape, check_kernels, int8_cuda_arithmetic_on, stored_weight_nbytes
+from ...blocks import (
+    Checkpoint, check_int4_shape, check_kernels, float32_parameter_names, int8_cuda_arithmetic_on, stored_weight_nbytes,
+)
 from ...weight_format import WeightFormat
 
 __all__ = ["StoredBlocks"]
@@ -39,14 +41,17 @@ class StoredBlocks:
     @cached_property
     def block_nbytes(self) -> tuple[int, ...]:
         """Bytes of each block's parameters and buffers as stored: linear weights in this format, the rest
-        (norms, biases) in the dtype."""
+        (norms, biases) in the dtype, but those kept in float32 (DeepSeek-V3's routers)."""
         return tuple(self._stored_nbytes(block) for block in self._blocks)
 
     def _stored_nbytes(self, block: nn.Module) -> int:
         element = getattr(torch, self.weights.dtype).itemsize
         linears = _linears(block)
         weights = {id(layer.weight) for layer in linears}
-        rest = sum(t.numel() for t in [*block.parameters(), *block.buffers()] if id(t) not in weights) * element
+        state = block.state_dict(keep_vars=True)
+        float32 = {id(state[name]) for name in float32_parameter_names(block)}
+        rest = sum(t.numel() * (4 if id(t) in float32 else element)
+                   for t in [*block.parameters(), *block.buffers()] if id(t) not in weights)
         return rest + sum(stored_weight_nbytes(layer.in_features, layer.out_features, self.weights.quant,
                                                self.weights.group_size, element) for layer in linears)
 
