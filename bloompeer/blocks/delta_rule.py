@@ -5,9 +5,8 @@ torch implementation computes it (`torch_chunk_gated_delta_rule`, `torch_recurre
 Why two algorithms: a head's state is a [k_dim, v_dim] matrix that every token decays (by exp(g)) and
 corrects toward its value (the delta rule, at rate beta). A prompt computes it 64 tokens at a time,
 solving each chunk's updates as one triangular system (matrix products); a decode step applies the
-rule to its one token. transformers picks the recurrent rule for a one-token step of a session that
-already has a state and the chunked algorithm for anything else, and the two round differently, so
-`gated_delta_rule` makes the same choice.
+rule to its one token. The two round differently, so `gated_delta_rule` chooses as transformers does:
+the recurrent rule for one token after a state, the chunked algorithm for anything else.
 
 Shapes: query/key [batch, tokens, k_heads, k_dim], value [batch, tokens, v_heads, v_dim], g/beta
 [batch, tokens, v_heads], state [batch, v_heads, k_dim, v_dim] (always float32, as transformers keeps it).
@@ -38,19 +37,19 @@ def causal_conv(inputs: torch.Tensor, window: torch.Tensor | None, weight: torch
     rounds differently with the input's length and layout, so this writes it as transformers does
     with a cache (causal_conv1d_fn and causal_conv1d_update as causal_conv1d_forward calls them): a fresh
     prompt padded inside the convolution (by hand first if shorter than the kernel), a step or a
-    continuation after transformers' conv state, which is `kernel` inputs long. Its first input never
-    reaches an output, so a zero stands in for it: the session keeps only kernel - 1."""
+    continuation after transformers' conv state, which is `kernel` inputs long (its first input never
+    reaches a kept output, so a zero stands in for it: the session keeps only kernel - 1); and silu
+    on the very slice transformers gives it, whose layout decides which elements its vector code takes.""" 
     kernel, length = weight.shape[-1], inputs.shape[-1]
     if window is None:
         joined = inputs if length >= kernel else F.pad(inputs, (kernel - length, 0))
     else:
         joined = torch.cat([window.new_zeros(*window.shape[:-1], 1), window, inputs], dim=-1)
     joined = joined.to(weight.dtype)
-    if window is not None and length == 1:
-        output = F.conv1d(joined, weight, None, padding=0, groups=joined.shape[1])
-    else:
-        output = F.conv1d(joined, weight, None, padding=kernel - 1, groups=joined.shape[1])[..., :joined.shape[-1]]
-    return F.silu(output[..., -length:]).to(inputs.dtype)
+    if window is not None and length == 1:  # silu on the one output, or on all before the slice: as it does
+        return F.silu(F.conv1d(joined, weight, None, padding=0, groups=joined.shape[1])[..., -1:]).to(inputs.dtype)
+    output = F.conv1d(joined, weight, None, padding=kernel - 1, groups=joined.shape[1])[..., :joined.shape[-1]]
+    return F.silu(output)[..., -length:].to(inputs.dtype)
 
 
 def _prepared(query, key, value, g, beta):
@@ -137,8 +136,7 @@ def recurrent_gated_delta_rule(query, key, value, g, beta, initial_state: torch.
 
 def gated_delta_rule(query, key, value, g, beta, initial_state: torch.Tensor | None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' choice: the recurrent rule for one token after a state, the chunked one otherwise
-    (a prompt, or several tokens after a state)."""
+    """transformers' choice: the recurrent rule for one token after a state, the chunked one otherwise."""
     if initial_state is not None and query.shape[1] == 1:
         return recurrent_gated_delta_rule(query, key, value, g, beta, initial_state)
     return chunk_gated_delta_rule(query, key, value, g, beta, initial_state)

@@ -10,10 +10,15 @@ keeps two states and the inputs of its last pass: the state before that pass, an
 A step that follows the last pass reads the state after it; a step at an earlier position inside
 the last pass first re-advances the state kept before the pass over the accepted tokens' kept inputs,
 with the very computation a pass of just those tokens would have made (the layer's `mix`), so that
-the state is bitwise what it would have been had the rejected tokens never been sent. Measured
-against keeping a state per token in flight instead (benchmarks/recurrent_rollback.py): for 8 drafts
-at Qwen3-Next's shapes, keeping states costs 9 state matrices per block where this costs 2, and the
-re-advance costs about what a step's delta rule does, only on steps that follow a rejection.
+the state is bitwise what it would have been had the rejected tokens never been sent.
+
+Why re-advance rather than keep each token's state (as transformers' assisted generation does),
+measured on one block of Qwen3-Next's shapes, 8 drafts, float32 on this 2-core CPU
+(benchmarks/recurrent_rollback.py, minimum of 12 interleaved runs): keeping states holds 10 state
+matrices a block while the pass is in flight (21 MiB; 754 MiB a session over Qwen3-Next's 36 linear
+blocks) where this holds 2 (4.5 MiB with its kept inputs; 162 MiB a session), and a rollback then
+costs a copy (0.04 ms) where this re-advances over the accepted tokens with the recurrent rule, 0.6 ms
+a token (4.5 ms for 8), only on a step that follows a rejection, beside the 5 ms of the pass's own rule.
 
 Each block's two slots say which position they hold, so a pass that fails halfway leaves every block
 able to start the same step again (a pass writes only into the slot it does not start from, and
@@ -29,10 +34,10 @@ import torch
 
 __all__ = ["MAX_ROLLBACK_TOKENS", "LayerStart", "Mix", "RecurrentLayout", "RecurrentState", "RewindError"]
 
-# Tokens of a pass whose inputs a block keeps for a rewind into it: a speculative step is the accepted
-# token and its drafts. 64 (one chunk of the prompt algorithm) covers transformers' default 20 drafts
-# with room to grow; at Qwen3-Next's shapes it is 1 MiB a block in bfloat16, a quarter of its two states.
-MAX_ROLLBACK_TOKENS = 64
+# Tokens of a pass whose inputs a block keeps for a rewind into it (a speculative step: the accepted
+# token and its drafts), as many as the recurrent rule takes in one pass (delta_rule.py): 32 covers
+# transformers' default 20 drafts; at Qwen3-Next's shapes it is 0.5 MiB a block in bfloat16.
+MAX_ROLLBACK_TOKENS = 32
 
 LayerStart = tuple[torch.Tensor, torch.Tensor] | None  # (window [batch, channels, kernel - 1], state) or fresh
 # (inputs [batch, tokens, input_width], start) -> (core output, (window, state) after those tokens)
