@@ -1,24 +1,25 @@
 """Rolling a Gated DeltaNet state back after a speculative step: keep a state per token in flight, or
-keep the state before the pass and re-advance it over the accepted tokens? Both measured here, on
-one block of Qwen3-Next's shapes (hidden 2048, 16 key heads and 32 value heads of 128, conv kernel 4)
-with random weights, one session, 8 drafts (a pass of 9 tokens: the accepted token and the drafts):
+keep the state before the pass and re-advance it over the accepted tokens? Measured on one block of
+Qwen3-Next's shapes (hidden 2048, 16 key heads and 32 value heads of 128, conv kernel 4) with random
+weights, one session, 8 drafts (a pass of 9 tokens: the accepted token and its drafts), after a
+64-token prompt:
 
-  keep states  the pass runs the recurrent rule token by token and keeps each token's state (what
-               transformers' assisted generation does when it records the past): a rollback only
-               picks one; memory 9 states a block while the pass is in flight.
-  re-advance   the pass runs as transformers' plain forward does (the chunked rule for several
-               tokens) and keeps its inputs; the state before it stays in the block's second slot
-               (blocks/recurrent_state.py): a rollback re-advances that state over the accepted
-               tokens' inputs, with the pass's own computation (bitwise what sending only those
-               tokens gives); memory 2 states a block, plus the kept inputs.
+  keep states   the pass runs as 9 one-token steps and keeps each token's state (what transformers'
+                assisted generation does when it records the past): a rollback copies one back;
+                the block holds 10 states while the pass is in flight.
+  re-advance    the pass runs the same way and keeps only its inputs; the state before it stays in
+                the block's second slot (blocks/recurrent_state.py, what bloompeer does): a rollback
+                re-advances that state over the accepted tokens' inputs, bitwise what sending only
+                them gives; the block holds 2 states and the inputs of at most 32 tokens.
+  chunked pass  for comparison, the pass as transformers' plain forward runs several tokens: the
+                chunked algorithm (padded to 64 tokens), which gives no per-token state to keep.
 
-Printed: medians of --repeats runs (milliseconds) of a plain one-token step, the pass of 9 tokens each
-way, the rollback each way for 1..8 accepted tokens, the whole block's pass (projections included)
-for scale, and the bytes a block keeps per session each way (float32 states, as transformers keeps
-them; windows and inputs in --dtype).
+Each case runs once per round, the cases interleaved, for --rounds rounds; printed: the minimum (the
+figure a quiet machine gives) and the median, in milliseconds, and the bytes a block keeps per session
+each way (float32 states, as transformers keeps them; windows and inputs in --dtype).
 
     python benchmarks/recurrent_rollback.py
-    python benchmarks/recurrent_rollback.py --repeats 50 --dtype bfloat16
+    python benchmarks/recurrent_rollback.py --rounds 30 --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ if __package__ in (None, ""):
 import torch  # noqa: E402
 from transformers import Qwen3NextConfig  # noqa: E402
 
-from bloompeer.blocks.delta_rule import recurrent_gated_delta_rule  # noqa: E402
 from bloompeer.blocks.gated_deltanet import DeltaNetSegment, GatedDeltaNet  # noqa: E402
 from bloompeer.blocks.recurrent_state import MAX_ROLLBACK_TOKENS, RecurrentState  # noqa: E402
 
@@ -43,34 +43,50 @@ CONFIG = dict(hidden_size=2048, linear_num_key_heads=16, linear_num_value_heads=
               linear_value_head_dim=128, linear_conv_kernel_dim=4, num_hidden_layers=4,
               layer_types=["linear_attention"] * 3 + ["full_attention"])
 DRAFTS = 8
+PROMPT_TOKENS = 64
 LINEAR_BLOCKS = 36  # Qwen3-Next-80B: 48 blocks, three of every four linear
 
 
-def median_ms(run, repeats: int, device: torch.device) -> float:
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        run()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
-
-
-def keep_every_state(layer: GatedDeltaNet, inputs: torch.Tensor, start) -> list[torch.Tensor]:
-    """The pass token by token with the recurrent rule, each token's state kept (the other way)."""
-    states, window, state = [], start[0], start[1]
+def keep_every_state(layer: GatedDeltaNet, inputs: torch.Tensor, start) -> list:
+    """The keep-states way's pass: one-token steps, each token's (window, state) kept."""
+    kept = []
     for index in range(inputs.shape[1]):
-        _, (window, state) = layer.mix(inputs[:, index:index + 1], (window, state))
-        states.append(state)
-    return states
+        _, start = layer.mix(inputs[:, index:index + 1], start)
+        kept.append(start)
+    return kept
+
+
+def cases(layer: GatedDeltaNet, hidden: torch.Tensor) -> dict:
+    """name -> a function that runs it once."""
+    linear = lambda module, rows: module(rows)  # noqa: E731
+    inputs, _ = layer.project(hidden, linear)
+    _, start = layer.mix(inputs[:, :PROMPT_TOKENS], None)
+    drafted = inputs[:, PROMPT_TOKENS:]
+    kept = keep_every_state(layer, drafted, start)
+    slot = (torch.empty_like(start[0]), torch.empty_like(start[1]))
+    state = RecurrentState(layer.layout, [layer.layer_idx], 1, hidden.dtype, hidden.device)
+    state.begin_step(0, PROMPT_TOKENS)
+    layer.compute(hidden[:, :PROMPT_TOKENS], linear, [DeltaNetSegment(1, PROMPT_TOKENS, state)])
+
+    def whole_block_pass():
+        state.begin_step(PROMPT_TOKENS, 1 + DRAFTS)
+        layer.compute(hidden[:, PROMPT_TOKENS:], linear, [DeltaNetSegment(1, 1 + DRAFTS, state)])
+
+    runs = {"one-token step": lambda: layer.mix(drafted[:, :1], start),
+            "pass of 9 as one-token steps (both ways)": lambda: layer.mix(drafted, start),
+            "pass of 9, keeping every state": lambda: keep_every_state(layer, drafted, start),
+            "pass of 9, chunked (transformers' plain forward)": lambda: layer._mix_pass(drafted, start),
+            "whole block's pass of 9 (projections, state kept)": whole_block_pass,
+            "rollback, keep states (copy one back)": lambda: [s.copy_(k) for s, k in zip(slot, kept[3])]}
+    for accepted in (1, 2, 4, 8):
+        runs[f"rollback to {accepted} accepted, re-advance"] = \
+            lambda accepted=accepted: layer.mix(drafted[:, :accepted], start)
+    return runs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
@@ -80,52 +96,36 @@ def main() -> None:
     with torch.no_grad():
         for parameter in layer.parameters():
             parameter.normal_(0, 0.02)
-    layout, linear = layer.layout, (lambda module, rows: module(rows))
-    hidden = torch.randn(1, 64 + 1 + DRAFTS, CONFIG["hidden_size"], device=device, dtype=dtype)
-
+    hidden = torch.randn(1, PROMPT_TOKENS + 1 + DRAFTS, CONFIG["hidden_size"], device=device, dtype=dtype)
     with torch.inference_mode():
-        inputs, _ = layer.project(hidden, linear)
-        _, start = layer.mix(inputs[:, :64], None)  # a state after a 64-token prompt
-        step = inputs[:, 64:65]
-        drafted = inputs[:, 64:]
-        rows = [("plain step (recurrent, 1 token)", median_ms(lambda: layer.mix(step, start), args.repeats, device))]
-        rows.append(("pass of 9, re-advance way (chunked)",
-                     median_ms(lambda: layer.mix(drafted, start), args.repeats, device)))
-        rows.append(("pass of 9, keep-states way (recurrent x 9)",
-                     median_ms(lambda: keep_every_state(layer, drafted, start), args.repeats, device)))
-        state = RecurrentState(layout, [0], 1, dtype, device)
-        segment = [DeltaNetSegment(1, 1 + DRAFTS, state)]
+        runs = cases(layer, hidden)
+        times = {name: [] for name in runs}
+        for _ in range(args.rounds):
+            for name, run in runs.items():
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+                run()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                times[name].append(1000 * (time.perf_counter() - started))
 
-        def whole_block_pass():
-            state.begin_step(64, 1 + DRAFTS)
-            layer.compute(hidden[:, 64:], linear, segment)
-
-        state.begin_step(0, 64)
-        layer.compute(hidden[:, :64], linear, [DeltaNetSegment(1, 64, state)])
-        rows.append(("whole block's pass of 9 (projections, state kept)",
-                     median_ms(whole_block_pass, args.repeats, device)))
-        kept = keep_every_state(layer, drafted, start)
-        slot = torch.empty_like(start[1])
-        for accepted in range(1, 1 + DRAFTS):
-            rows.append((f"rollback to {accepted} accepted, re-advance",
-                         median_ms(lambda: layer.mix(drafted[:, :accepted], start), args.repeats, device)))
-        rows.append(("rollback, keep-states (copy one state)",
-                     median_ms(lambda: slot.copy_(kept[3]), args.repeats, device)))
-
-    print(f"# one Gated DeltaNet block at Qwen3-Next's shapes, {args.dtype} on {device}, medians of {args.repeats}")
-    for name, value in rows:
-        print(f"{name:55s} {value:9.3f} ms")
-    state_bytes = layout.heads * layout.key_dim * layout.value_dim * 4
+    print(f"# one Gated DeltaNet block at Qwen3-Next's shapes, {args.dtype} on {device}, {DRAFTS} drafts, "
+          f"{args.rounds} rounds (torch threads: {torch.get_num_threads()})")
+    print(f"{'':55s} {'min ms':>9s} {'median ms':>10s}")
+    for name, values in times.items():
+        print(f"{name:55s} {min(values):9.2f} {statistics.median(values):10.2f}")
+    layout = layer.layout
     element = torch.empty((), dtype=dtype).element_size()
-    window_bytes = layout.conv_dim * layout.conv_window * element
-    keep_states = (1 + DRAFTS) * (state_bytes + window_bytes) + state_bytes + window_bytes
+    state_bytes = layout.heads * layout.key_dim * layout.value_dim * 4 + layout.conv_dim * layout.conv_window * element
+    keep_states = (2 + DRAFTS) * state_bytes  # the state before the pass and one after each of its 9 tokens
     readvance = layout.nbytes(1, dtype, MAX_ROLLBACK_TOKENS)
-    print(f"{'one state matrix set (32 heads x 128 x 128, float32)':55s} {state_bytes / 2**20:9.2f} MiB")
-    print(f"{'kept per block, keep-states way (1 + 9 states, windows)':55s} {keep_states / 2**20:9.2f} MiB")
-    print(f"{f'kept per block, re-advance way (2 states, {MAX_ROLLBACK_TOKENS} inputs)':55s} "
+    print(f"{'one state (32 heads x 128 x 128 float32, its window)':55s} {state_bytes / 2**20:9.2f} MiB")
+    print(f"{'a block keeps, keep-states way (10 states)':55s} {keep_states / 2**20:9.2f} MiB")
+    print(f"{f'a block keeps, re-advance way (2 states, {MAX_ROLLBACK_TOKENS} inputs)':55s} "
           f"{readvance / 2**20:9.2f} MiB")
-    print(f"{f'per session, {LINEAR_BLOCKS} linear blocks: keep-states / re-advance':55s} "
-          f"{LINEAR_BLOCKS * keep_states / 2**20:6.0f} / {LINEAR_BLOCKS * readvance / 2**20:.0f} MiB")
+    print(f"{f'a session over {LINEAR_BLOCKS} linear blocks: keep-states / re-advance':55s} "
+          f"{LINEAR_BLOCKS * keep_states / 2**20:9.0f} / {LINEAR_BLOCKS * readvance / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":

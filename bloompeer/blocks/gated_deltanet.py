@@ -17,10 +17,12 @@ round by their tensors' shapes, so only the same shapes give the same bits): eac
 state are then bitwise what plain greedy decoding computes, and a rollback re-advances the same way
 (recurrent_state.py). transformers' assisted generation likewise runs its drafts with the recurrent
 rule (`activate_past_recording`); its plain forward would chunk them (ours stays within 1e-5 of it).
-Up to RECURRENT_PASS_TOKENS, measured on one block of Qwen3-Next's shapes (32 value heads of 128) on
-this 2-core CPU: the recurrent rule takes 4.8 ms for 9 tokens where the chunk (padded to 64) takes 8.3
-ms, and crosses it at about 20 tokens (benchmarks/recurrent_rollback.py); 32 covers transformers'
-default 20 drafts. A longer pass, or a prompt, runs the chunked algorithm as transformers does.
+Up to RECURRENT_PASS_TOKENS: measured on one block of Qwen3-Next's shapes (32 value heads of 128),
+float32 on this 2-core CPU (benchmarks/recurrent_rollback.py and the same loop for other lengths,
+minimum of 10 interleaved runs), a token's step computation takes 1.05 ms and the chunked algorithm,
+padded to 64 tokens, 8.6 ms for 9 tokens and 8.9 ms for 16: 9 tokens as steps take 9.8 ms, 16 take
+16.8 ms, 32 take 32 ms against 9.8. 16 covers prompt lookup's default 10 drafts and the demo draft
+model's 6; a longer pass, or a prompt, runs the chunked algorithm as transformers does.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from .delta_rule import causal_conv, gated_delta_rule
 from .recurrent_state import LayerStart, RecurrentLayout, RecurrentState
 from .span import Linear
 
-RECURRENT_PASS_TOKENS = 32  # the longest pass after a state that runs as one-token steps (see above)
+RECURRENT_PASS_TOKENS = 16  # the longest pass after a state that runs as one-token steps (see above)
 
 __all__ = ["RECURRENT_PASS_TOKENS", "DeltaNetSegment", "GatedDeltaNet", "GatedRMSNorm", "Qwen35GatedDeltaNet", "recurrent_layout"]
 

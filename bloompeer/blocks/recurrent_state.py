@@ -14,11 +14,12 @@ the state is bitwise what it would have been had the rejected tokens never been 
 
 Why re-advance rather than keep each token's state (as transformers' assisted generation does),
 measured on one block of Qwen3-Next's shapes, 8 drafts, float32 on this 2-core CPU
-(benchmarks/recurrent_rollback.py, minimum of 12 interleaved runs): keeping states holds 10 state
-matrices a block while the pass is in flight (21 MiB; 754 MiB a session over Qwen3-Next's 36 linear
-blocks) where this holds 2 (4.5 MiB with its kept inputs; 162 MiB a session), and a rollback then
-costs a copy (0.04 ms) where this re-advances over the accepted tokens with the recurrent rule, 0.6 ms
-a token (4.5 ms for 8), only on a step that follows a rejection, beside the 5 ms of the pass's own rule.
+(benchmarks/recurrent_rollback.py, minimum of 12 interleaved rounds): keeping states holds 10 states
+a block while the pass is in flight (20.9 MiB; 754 MiB a session over Qwen3-Next's 36 linear blocks)
+where this holds 2 and the kept inputs (5.2 MiB; 187 MiB a session), and its pass took 18.6 ms where
+this one takes 10.4 (nine 2 MiB states allocated anew and kept). Its rollback copies one state back
+(0.2 ms) where this re-advances over the accepted tokens (2.4 ms for 1, 10.3 ms for 8), and only on a
+step that follows a rejection.
 
 Each block's two slots say which position they hold, so a pass that fails halfway leaves every block
 able to start the same step again (a pass writes only into the slot it does not start from, and
@@ -35,8 +36,9 @@ import torch
 __all__ = ["MAX_ROLLBACK_TOKENS", "LayerStart", "Mix", "RecurrentLayout", "RecurrentState", "RewindError"]
 
 # Tokens of a pass whose inputs a block keeps for a rewind into it (a speculative step: the accepted
-# token and its drafts), as many as the recurrent rule takes in one pass (delta_rule.py): 32 covers
-# transformers' default 20 drafts; at Qwen3-Next's shapes it is 0.5 MiB a block in bfloat16.
+# token and its drafts): 32 covers transformers' default 20 drafts; at Qwen3-Next's shapes it is
+# 0.5 MiB a block in bfloat16. A rollback into a pass longer than gated_deltanet.RECURRENT_PASS_TOKENS
+# re-advances with the chunked algorithm, as a pass of the accepted tokens alone would run.
 MAX_ROLLBACK_TOKENS = 32
 
 LayerStart = tuple[torch.Tensor, torch.Tensor] | None  # (window [batch, channels, kernel - 1], state) or fresh

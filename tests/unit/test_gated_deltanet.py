@@ -161,16 +161,18 @@ def _history(layers, hidden, passes, linear=_row_by_row, **kwargs):
 
 
 @pytest.mark.parametrize("prompt_length", [5, 70])
-@pytest.mark.parametrize("rejected", [0, 1, 4, 8, 9])
-def test_rolling_back_rejected_drafts_equals_never_sending_them(layers, prompt_length, rejected):
-    """A speculative pass of 9 tokens (the accepted token and 8 drafts), `rejected` of them rolled back,
-    then the next pass: bitwise what the session computes had it sent only the accepted ones (9 rejected:
-    back to the pass's start, which a client's rewind may ask)."""
+@pytest.mark.parametrize("pass_length, rejected", [(9, 0), (9, 1), (9, 4), (9, 8), (9, 9), (20, 2), (20, 6)])
+def test_rolling_back_rejected_drafts_equals_never_sending_them(layers, prompt_length, pass_length, rejected):
+    """A speculative pass (the accepted token and its drafts), `rejected` of its tokens rolled back, then
+    the next passes: bitwise what the session computes had it sent only the accepted ones (all rejected:
+    back to the pass's start, which a client's rewind may ask). A pass of 20 runs the chunked algorithm,
+    and so does re-advancing over 18 accepted tokens, as a pass of those 18 would."""
     _, _, ours = layers
-    hidden = torch.randn(2, prompt_length + 12, HIDDEN)
-    accepted = 9 - rejected
+    hidden = torch.randn(2, prompt_length + pass_length + 3, HIDDEN)
+    accepted = pass_length - rejected
     after = prompt_length + accepted
-    drafted, _ = _history(ours, hidden, [(0, prompt_length), (prompt_length, 9), (after, 1), (after + 1, 2)])
+    drafted, _ = _history(ours, hidden, [(0, prompt_length), (prompt_length, pass_length), (after, 1),
+                                         (after + 1, 2)])
     sent = [(0, prompt_length)] + ([(prompt_length, accepted)] if accepted else []) + [(after, 1), (after + 1, 2)]
     clean, _ = _history(ours, hidden, sent)
     for got, expected in zip(drafted[-2:], clean[-2:]):
