@@ -111,7 +111,8 @@ class _BlockState:
     def start_at(self, position: int, mix: Mix) -> tuple[int | None, int]:
         """(the slot holding the state at `position`, None if fresh; the slot the pass may write), first
         re-advancing the state kept before the last pass over its accepted inputs if need be."""
-        if position == 0:
+        if position == 0:  # a fresh start: what either slot holds belongs to an abandoned history
+            self.positions[1] = None
             return None, 0
         slot = self.slot_at(position)
         if slot is None:

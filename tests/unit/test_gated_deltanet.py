@@ -195,6 +195,21 @@ def test_a_rewind_before_the_last_pass_is_refused_but_zero_is_a_fresh_start(laye
     torch.testing.assert_close(again, fresh[0], rtol=0, atol=0)
 
 
+def test_a_fresh_start_forgets_the_abandoned_history(layers):
+    """After a rewind to 0, no state of the earlier tokens is ever read again: here a rewind into the new
+    prompt lands on a position the abandoned history also reached."""
+    _, _, ours = layers
+    old, new = torch.randn(2, 6, HIDDEN), torch.randn(2, 12, HIDDEN)
+    _, state = _history(ours, old, [(0, 3), (3, 1)])
+    for position, length, hidden in [(0, 10, new), (4, 1, new)]:
+        state.begin_step(position, length)
+        with torch.no_grad():
+            got = torch.stack([layer.compute(hidden[:, position:position + length], _row_by_row,
+                                             [DeltaNetSegment(2, length, state)]) for layer in ours])
+    clean, _ = _history(ours, new, [(0, 4), (4, 1)])
+    torch.testing.assert_close(got, clean[-1], rtol=0, atol=0)
+
+
 def test_a_pass_longer_than_max_rollback_is_kept_only_at_its_ends(layers):
     _, _, ours = layers
     hidden = torch.randn(2, 20, HIDDEN)
