@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import RequestError
+
 __all__ = ["MAX_ROLLBACK_TOKENS", "LayerStart", "Mix", "RecurrentLayout", "RecurrentState", "RewindError"]
 
 # Tokens of a pass whose inputs a block keeps for a rewind into it (a speculative step: the accepted
@@ -46,8 +48,9 @@ LayerStart = tuple[torch.Tensor, torch.Tensor] | None  # (window [batch, channel
 Mix = Callable[[torch.Tensor, LayerStart], tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]]
 
 
-class RewindError(ValueError):
-    """A step at a position this session's recurrent state cannot be brought back to."""
+class RewindError(RequestError):
+    """A step at a position this session's recurrent state cannot be brought back to: the request can
+    never succeed on this session as asked; its tokens must be replayed from position 0."""
 
 
 @dataclass(frozen=True)
