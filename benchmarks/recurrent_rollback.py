@@ -20,6 +20,13 @@ each way (float32 states, as transformers keeps them; windows and inputs in --dt
 
     python benchmarks/recurrent_rollback.py
     python benchmarks/recurrent_rollback.py --rounds 30 --dtype bfloat16
+
+In bfloat16 on a CPU without bfloat16 arithmetic (this 2-core machine's), PyTorch's depthwise conv1d
+is a slow path: 74 ms for a one-token step's 5 inputs of Qwen3-Next's 8192 channels, 0.35 ms in
+float32 (transformers' own steps call the same op, so they pay it too). Each token of a pass run as
+steps pays it once, so there a pass of 9 took 590 ms as steps against 74 ms chunked: the choice of
+gated_deltanet.RECURRENT_PASS_TOKENS was measured in float32, and a bfloat16 CPU server wants its
+convolution in float32 first.
 """
 
 from __future__ import annotations
