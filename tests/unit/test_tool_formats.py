@@ -207,7 +207,12 @@ def test_mistrals_newer_form_with_and_without_its_markers(tokenizer, tool_choice
         reader = ToolCallReader(tools)
         deltas = [delta for char in reply for delta in reader.add(char)] + reader.finish()
         assert [d[3] for d in deltas if d[0] == "call"] == ["get_weather", "get_time"]
-        assert [json.loads(d[2]) for d in deltas if d[0] == "arguments"] == [arguments for _, arguments in CALLS]
+        for index, (_, arguments) in enumerate(CALLS):
+            pieces = [d[2] for d in deltas if d[0] == "arguments" and d[1] == index]
+            assert json.loads("".join(pieces)) == arguments
+            if tool_choice == "required":  # as it is written: name first, then its arguments piece by piece
+                assert len(pieces) > 3 and deltas.index(next(d for d in deltas if d[0] == "call" and d[1] == index)) < (
+                    deltas.index(next(d for d in deltas if d[0] == "arguments" and d[1] == index)))
     if tool_choice == "required":
         compiler = GrammarCompiler(tokenizer, len(tokenizer), {tokenizer.eos_token_id})
         matcher = llguidance.LLMatcher(compiler.tokenizer, tools.grammar(compiler, tokenizer).text)

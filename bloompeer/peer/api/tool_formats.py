@@ -72,6 +72,16 @@ class CallFormat:
     def _text(text: str, literal: Callable[[str], str]) -> str:
         return literal(text) if text else ""
 
+    def next_call(self, text: str, position: int) -> tuple[str, int] | None:
+        """In a constrained reply as it is written: the next call from `position` on, as (its
+        function's name, where its arguments begin) once both are written; None until then."""
+        start = text.find('{"name":"', position)
+        name_end = text.find('"', start + 9) if start >= 0 else -1
+        prefix = f",{json.dumps(self.arguments_key)}:"
+        if name_end < 0 or not text.startswith(prefix, name_end + 1):
+            return None
+        return text[start + 9:name_end], name_end + 1 + len(prefix)
+
     def parse(self, text: str, tool_names: set[str]) -> tuple[str, list[ParsedCall]] | None:
         """(the text before the calls, the calls) if the reply makes calls, else None."""
         content, calls_text = self._split(text)
@@ -133,6 +143,11 @@ class _MistralCalls(CallFormat):
 
 class _MistralArgsCalls(CallFormat):
     _CALL = re.compile(r"\s*(?:\[TOOL_CALLS\])?\s*([A-Za-z0-9_-]{1,64})(?:\[CALL_ID\][A-Za-z0-9]*)?(?:\[ARGS\])?")
+    _WRITTEN_CALL = re.compile(_CALL.pattern + r"(?=\{)")  # its name is whole once its arguments begin
+
+    def next_call(self, text: str, position: int) -> tuple[str, int] | None:
+        header = self._WRITTEN_CALL.match(text, position)
+        return None if header is None else (header.group(1), header.end())
 
     def parse(self, text: str, tool_names: set[str]) -> tuple[str, list[ParsedCall]] | None:
         calls, position, decoder = [], 0, json.JSONDecoder()

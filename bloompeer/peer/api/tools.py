@@ -226,16 +226,11 @@ class ToolCallReader:
 
     def _stream_calls(self) -> list[tuple]:
         """The constrained reply's calls so far: names once written, then arguments as they grow."""
-        deltas, key = [], json.dumps(self.tools.call_format.arguments_key)
-        position, index = 0, 0
-        while (start := self.text.find('{"name":"', position)) >= 0:
-            name_end = self.text.find('"', start + 9)
-            prefix = f',{key}:'
-            if name_end < 0 or not self.text.startswith(prefix, name_end + 1):
-                break
+        deltas, position, index = [], 0, 0
+        while (call := self.tools.call_format.next_call(self.text, position)) is not None:
+            name, arguments_start = call
             if index == len(self.calls):
-                deltas += self._announce(self.text[start + 9:name_end])
-            arguments_start = name_end + 1 + len(prefix)
+                deltas += self._announce(name)
             arguments_end = _value_end(self.text, arguments_start)
             arguments = self.text[arguments_start:arguments_end]
             call = self.calls[index]
