@@ -84,6 +84,7 @@ def test_responses_give_the_reasoning_as_a_reasoning_item(client, model_id, thin
                                        temperature=0)
     reasoning, = response.output
     assert reasoning.type == "reasoning" and reasoning.content[0].text == expected
+    assert response.usage.output_tokens_details.reasoning_tokens == response.usage.output_tokens == 12
     events = list(client.responses.create(model=model_id, input=MESSAGES[0]["content"], max_output_tokens=12,
                                           temperature=0, stream=True))
     deltas = [event.delta for event in events if event.type == "response.reasoning_text.delta"]

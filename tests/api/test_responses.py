@@ -33,6 +33,7 @@ def test_a_response_is_the_chat_reply_to_the_same_conversation(client, model_id)
     assert response.output_text == chat.choices[0].message.content != ""
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert (response.usage.input_tokens, response.usage.output_tokens) == (chat.usage.prompt_tokens, 12)
+    assert response.usage.output_tokens_details.reasoning_tokens == 0  # a template without thinking
     assert [item.type for item in response.output] == ["message"] and response.id.startswith("resp_")
 
 

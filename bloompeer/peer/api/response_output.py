@@ -126,6 +126,7 @@ class ResponsesOutput:
         self.output = _OutputItems(self._event)
         self.reader = reply.reader()
         self.finish_reason: str | None = None
+        self.reasoning_tokens = 0  # the reply's tokens up to the last that wrote reasoning
 
     def _event(self, event_type: str, **fields) -> dict:
         self.sequence_number += 1
@@ -139,6 +140,8 @@ class ResponsesOutput:
     def chunks(self, index: int, piece: TextPiece, first: bool) -> list[dict]:
         deltas = self.reader.add(piece.text) + (self.reader.finish() if piece.finish_reason is not None else [])
         self.finish_reason = piece.finish_reason or self.finish_reason
+        if any(delta[0] == "reasoning" for delta in deltas):
+            self.reasoning_tokens = piece.completion_tokens
         return [event for delta in deltas for event in self.output.add(delta)]
 
     def closing(self, usage_counts: tuple[int, int], body) -> list[dict]:
@@ -185,6 +188,6 @@ class ResponsesOutput:
         if usage_counts is not None:
             prompt_tokens, completion_tokens = usage_counts
             body["usage"] = {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-                             "output_tokens": completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                             "output_tokens": completion_tokens, "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                              "total_tokens": prompt_tokens + completion_tokens}
         return body
