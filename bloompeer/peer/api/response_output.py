@@ -188,6 +188,7 @@ class ResponsesOutput:
         if usage_counts is not None:
             prompt_tokens, completion_tokens = usage_counts
             body["usage"] = {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-                             "output_tokens": completion_tokens, "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+                             "output_tokens": completion_tokens,
+                             "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                              "total_tokens": prompt_tokens + completion_tokens}
         return body
