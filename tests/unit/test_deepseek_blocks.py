@@ -29,14 +29,23 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).masked_fill(~mask, 0)
 
 
-@pytest.fixture(scope="module", params=sorted(DEEPSEEK_FAMILY))
-def variant(request, deepseek_checkpoints):
+def _loaded(name: str, deepseek_checkpoints) -> tuple:
     """(name, transformers' model, our spans 0:1 and 1:4)."""
-    path = deepseek_checkpoints[request.param]
+    path = deepseek_checkpoints[name]
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, experts_implementation="grouped_mm")
     checkpoint = open_checkpoint(path)
-    return request.param, reference.eval(), [checkpoint.load_span(0, 1, torch.float32),
-                                             checkpoint.load_span(1, 4, torch.float32)]
+    return name, reference.eval(), [checkpoint.load_span(0, 1, torch.float32), checkpoint.load_span(1, 4, torch.float32)]
+
+
+@pytest.fixture(scope="module", params=sorted(DEEPSEEK_FAMILY))
+def variant(request, deepseek_checkpoints):
+    return _loaded(request.param, deepseek_checkpoints)
+
+
+@pytest.fixture(scope="module", params=sorted(name for name in DEEPSEEK_FAMILY if name.startswith("deepseek")))
+def latent_variant(request, deepseek_checkpoints):
+    """A variant with latent attention (GLM-4.5's is grouped-query)."""
+    return _loaded(request.param, deepseek_checkpoints)
 
 
 def test_block_0_is_dense_and_the_others_route_with_shared_experts(variant):
@@ -81,18 +90,25 @@ def test_a_full_forward_equals_transformers(variant):
                                    atol=0 if name != "deepseek_v3-no-q-lora" else 1e-6)
 
 
-@pytest.mark.parametrize("way", ["cheaper", "expanded", "absorbed"])
 @torch.no_grad()
-def test_steps_with_a_cache_and_a_rollback_equal_transformers(variant, way, monkeypatch):
+def test_steps_with_a_cache_and_a_rollback_equal_transformers(variant):
+    """_check_steps_and_rollback, with the way of computing attention that the blocks choose per step."""
+    _check_steps_and_rollback(variant)
+
+
+@pytest.mark.parametrize("way", ["expanded", "absorbed"])
+@torch.no_grad()
+def test_latent_attentions_two_ways_each_equal_transformers(latent_variant, way, monkeypatch):
+    monkeypatch.setattr(LatentAttention, "absorbs", lambda self, num_new, kv_length: way == "absorbed")
+    _check_steps_and_rollback(latent_variant)
+
+
+def _check_steps_and_rollback(variant):
     """Prefill, decode steps, a speculative step of 4, then 2 of its tokens rolled back (the cache written
     again from position 13). Latent attention's two ways, each forced, and the cheaper one chosen per step
     (a prompt expanded, a step absorbed): measured within 1.2e-6 (expanded) and 5.2e-6 (absorbed) of
     transformers' logits."""
     name, reference, spans = variant
-    if way != "cheaper":
-        if not name.startswith("deepseek"):
-            pytest.skip("grouped-query attention has one way")
-        monkeypatch.setattr(LatentAttention, "absorbs", lambda self, num_new, kv_length: way == "absorbed")
     for mask in (None, MASK):
         caches = [span.new_cache(span.start, span.end, 2, 24, torch.float32) for span in spans]
         embedded = reference.model.embed_tokens(IDS)
@@ -143,10 +159,8 @@ def test_latent_attention_caches_its_latent_not_keys_and_values(variant):
     assert spans[1].cache_nbytes(1, 4, 2, 16, torch.float32) == 3 * 2 * 16 * width * 4 + 2 * 16
 
 
-def test_the_softmax_scale_is_transformers_own_with_yarns_mscale(variant):
-    name, reference, _ = variant
-    if not name.startswith("deepseek"):
-        pytest.skip("GLM-4.5's scale is 1 / sqrt(head_dim)")
+def test_the_softmax_scale_is_transformers_own_with_yarns_mscale(latent_variant):
+    name, reference, _ = latent_variant
     scaling = reference.model.layers[0].self_attn.scaling
     assert softmax_scale(reference.config) == scaling
     if name == "deepseek_v3":
