@@ -149,6 +149,13 @@ class SessionCache:
         self.length = end
         return self.padding_mask[:, :end]
 
+    def restore_length(self, length: int) -> None:
+        """After a pass that failed: the session is again `length` tokens long, so that the same step can
+        be sent again (a recurrent block's pass never writes over the state it starts from)."""
+        self.length = length
+        if self.recurrent is not None:
+            self.recurrent.length = length
+
     def reorder(self, hypo_ids: torch.Tensor) -> None:
         """Beam search: row i of the batch continues from row hypo_ids[i]."""
         for stack in self._stacks:

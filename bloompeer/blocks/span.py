@@ -157,6 +157,12 @@ class BlockSpan(nn.Module):
         """What a session of blocks [start, end) reserves (SessionCache.nbytes)."""
         return SessionCache.nbytes(self.cache_layouts(start, end), batch, max_length, dtype)
 
+    def cache_costs(self, start: int, end: int, dtype: torch.dtype) -> tuple[int, int]:
+        """(bytes a token of one row takes, bytes a session of one row takes whatever its length) in blocks
+        [start, end): the cache budget's two rates (recurrent blocks cost per session, not per token)."""
+        layouts = self.cache_layouts(start, end)
+        return SessionCache.nbytes_per_token(layouts, dtype), SessionCache.nbytes_per_session(layouts, 1, dtype)
+
     def use_batched_linears(self) -> bool:
         """Compute the linear layers of passes of several requests with the batched-pass kernel (see
         batched_linear.py; it keeps no copy of the weights), where it serves (float32 nn.Linear on the
