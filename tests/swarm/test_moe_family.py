@@ -384,3 +384,37 @@ def test_the_api_chats_with_gpt_oss_through_its_chat_template(moe_servers, swarm
         logprobs = torch.log_softmax(reference(torch.tensor([prompt])).logits[0].float(), dim=-1)
         wanted = logprobs[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
         assert choice.logprobs.token_logprobs[1:] == pytest.approx(wanted, abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def qwen3_next(swarm, qwen3_next_checkpoint):
+    """(our Qwen3-Next through two servers of its own, blocks 0:2 and 2:4; transformers' model): Gated DeltaNet
+    blocks keep a recurrent state per session on both servers (block 3 attention on the second)."""
+    servers = [swarm.add_server(start, end, model=qwen3_next_checkpoint, wait=False, name=f"qwen3_next-{start}-{end}")
+               for start, end in [(0, 2), (2, 4)]]
+    try:
+        deadline = time.monotonic() + 180
+        for server in servers:
+            server.wait_online(deadline)
+        trusted = tuple(server.peer_id_str for server in servers)
+        config = _client_config(swarm, trusted_servers=trusted)
+        with AutoDistributedModelForCausalLM.from_pretrained(qwen3_next_checkpoint, client_config=config) as ours:
+            yield ours, _reference(qwen3_next_checkpoint)
+    finally:
+        stop_in_parallel(servers)
+
+
+@torch.inference_mode()
+def test_qwen3_next_greedy_and_prompt_lookup_equal_transformers_greedy(qwen3_next, rewinds):
+    """Greedy tokens through the swarm equal transformers' greedy (Qwen3NextForCausalLM); prompt lookup's
+    rejected proposals roll each server's recurrent state back exactly, so its tokens equal greedy's too
+    (transformers' own prompt lookup does not roll its state back, and differs)."""
+    ours, reference = qwen3_next
+    assert type(ours).__name__ == "DistributedQwen3NextForCausalLM"
+    prompt = torch.cat([PROMPT, PROMPT[:, 1:]], dim=1)  # repeats itself, so prompt lookup has proposals
+    expected = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert ours.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False).tolist() == expected.tolist()
+    assert not rewinds
+    tokens = ours.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, prompt_lookup_num_tokens=3)
+    assert tokens.tolist() == expected.tolist()
+    assert rewinds, "no proposal was rejected: the servers' states never rolled back"
