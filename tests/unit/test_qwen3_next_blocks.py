@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from bloompeer.blocks import open_checkpoint
+from bloompeer.blocks import Segment, open_checkpoint
 from bloompeer.blocks.qwen3_next import LinearAttentionBlock, Qwen3NextSpan
 from bloompeer.blocks.kv_cache import SessionCache
 from bloompeer.blocks.recurrent_state import RecurrentLayout, RewindError
@@ -122,3 +122,72 @@ def test_rejected_drafts_roll_back_to_the_accepted_tokens_state(model):
     with pytest.raises(RewindError):
         caches[1].begin_step(3, mask[:, 3:4], 1)
     assert caches[1].length == length and caches[1].recurrent.length == length
+
+
+@torch.no_grad()
+def test_sessions_batched_in_one_pass_each_step_from_their_own_state(model):
+    """Three sessions (one left-padded) at different lengths share every pass: each one's outputs equal its
+    steps alone (within float32 rounding: shared linear layers), its state its own."""
+    _, spans = model
+    span = spans[1]
+    torch.manual_seed(1)
+    lengths = (6, 3, 9)
+    hidden = [torch.randn(1, length + 2, span.config.hidden_size) for length in lengths]
+    masks = [None, torch.tensor([[False, True, True, True, True]]), None]
+
+    def run(indices, caches):
+        """Each session's prompt, then two steps, with sessions `indices` together in each pass."""
+        outputs = {}
+        for step in range(3):
+            segments = []
+            for index in indices:
+                position, num_new = (0, lengths[index]) if step == 0 else (lengths[index] + step - 1, 1)
+                mask = masks[index][:, position:position + num_new] if masks[index] is not None else None
+                padding = caches[index].begin_step(position, mask, num_new)
+                segments.append(Segment(hidden[index][:, position:position + num_new], padding, caches[index]))
+            for index, output in zip(indices, span.forward_segments(segments)):
+                outputs.setdefault(index, []).append(output)
+        return outputs
+
+    def new_caches():
+        return [span.new_cache(1, 4, 1, 16, torch.float32) for _ in lengths]
+
+    together = run([0, 1, 2], new_caches())
+    for index in range(3):
+        alone = run([index], new_caches())[index]
+        for mine, theirs in zip(together[index], alone):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-5)
+
+
+@torch.no_grad()
+def test_a_pass_that_fails_after_the_deltanet_blocks_can_be_sent_again(model, monkeypatch):
+    """A step that fails in the attention block, after the DeltaNet blocks advanced their states: with the
+    session's length restored (what the scheduler does), the same step sent again gives a clean run's output."""
+    _, spans = model
+    span = spans[1]
+    torch.manual_seed(2)
+    hidden = torch.randn(1, 7, span.config.hidden_size)
+
+    def run(cache, position, num_new):
+        return span(hidden[:, position:position + num_new], cache.begin_step(position, None, num_new), cache)
+
+    clean = span.new_cache(1, 4, 1, 16, torch.float32)
+    run(clean, 0, 5)
+    expected = run(clean, 5, 2)
+    cache = span.new_cache(1, 4, 1, 16, torch.float32)
+    run(cache, 0, 5)
+    block_forward = type(span).block_forward
+
+    def failing(self, block, *args):
+        if not isinstance(block, LinearAttentionBlock):
+            raise RuntimeError("the attention block failed")
+        return block_forward(self, block, *args)
+
+    monkeypatch.setattr(type(span), "block_forward", failing)
+    with pytest.raises(RuntimeError):
+        run(cache, 5, 2)
+    monkeypatch.setattr(type(span), "block_forward", block_forward)
+    cache.restore_length(5)
+    with pytest.raises(RewindError):  # the failed tokens never happened: no step may follow them
+        cache.begin_step(7, None, 1)
+    torch.testing.assert_close(run(cache, 5, 2), expected, rtol=0, atol=0)
