@@ -418,3 +418,23 @@ def test_qwen3_next_greedy_and_prompt_lookup_equal_transformers_greedy(qwen3_nex
     tokens = ours.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, prompt_lookup_num_tokens=3)
     assert tokens.tolist() == expected.tolist()
     assert rewinds, "no proposal was rejected: the servers' states never rolled back"
+
+
+@torch.inference_mode()
+def test_qwen3_next_left_padded_batch_and_beam_search(qwen3_next):
+    """Padding leaves a row's recurrent state as it was (zeroed inputs, as transformers does); beam search
+    reorders each server's states with its keys and values."""
+    ours, reference = qwen3_next
+    greedy = dict(attention_mask=PADDED_MASK, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert ours.generate(PADDED, **greedy).tolist() == reference.generate(PADDED, **greedy).tolist()
+    beams = greedy | dict(num_beams=3)
+    assert ours.generate(PADDED, **beams).tolist() == reference.generate(PADDED, **beams).tolist()
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("length", [16, 70])
+def test_qwen3_next_teacher_forced_logits_within_1e_4(qwen3_next, length):
+    """A full forward of a text shorter and one longer than the delta rule's 64-token chunk."""
+    ours, reference = qwen3_next
+    ids = torch.randint(4, 250, (2, length), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(ours(ids).logits, reference(ids).logits, rtol=0, atol=1e-4)
