@@ -6,7 +6,8 @@ GptOssForCausalLM) on the same weights in float32, loaded with `experts_implemen
 Every checkpoint of MOE_FAMILY (tests/conftest.py) is served by two servers (blocks 0:2 and 2:4) on
 the shared bootstrap peer, all started at once. The prompts run past Mixtral's window (5 tokens) and
 gpt-oss's (4, every other layer). What needs servers of its own (a kill) gets a copy of the Qwen3-MoE
-checkpoint under another name.
+checkpoint under another name. Qwen3-Next (QWEN3_NEXT: Gated DeltaNet blocks with a recurrent state per
+session beside a gated-attention block, Qwen2-MoE's experts) gets two servers of its own.
 """
 
 from __future__ import annotations
@@ -438,3 +439,12 @@ def test_qwen3_next_teacher_forced_logits_within_1e_4(qwen3_next, length):
     ours, reference = qwen3_next
     ids = torch.randint(4, 250, (2, length), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(ours(ids).logits, reference(ids).logits, rtol=0, atol=1e-4)
+
+
+@torch.inference_mode()
+def test_qwen3_next_server_killed_mid_generation_is_replayed_around(start_servers, swarm, qwen3_next_checkpoint,
+                                                                   tmp_path):
+    """The replacement server rebuilds its recurrent states from the replayed history."""
+    path = tmp_path / f"qwen3_next-{time.monotonic_ns() % 10**8}"
+    shutil.copytree(qwen3_next_checkpoint, path)
+    assert_replayed_around_a_kill(start_servers, swarm, path, _reference(qwen3_next_checkpoint))
