@@ -247,9 +247,14 @@ def test_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, sw
     """Eight sessions of different prompt lengths through one server whose every pass waits until it holds a
     step of each (`--max-batch-sessions 8 --batch-wait`, as test_llama_family's): their rows are grouped by
     expert together, each routed on its own, and each session's tokens equal transformers' alone."""
-    reference = references("qwen3_moe")
+    assert_eight_sessions_batched_equal_alone(start_servers, swarm, own_qwen3_moe, references("qwen3_moe"))
+
+
+def assert_eight_sessions_batched_equal_alone(start_servers, swarm, path, reference) -> None:
+    """Eight sessions of `path` through one server of its 4 blocks whose every pass holds a step of each: each
+    session's tokens equal transformers' alone."""
     (server,) = start_servers([(0, 4)], "--metrics-port", "0", "--max-batch-sessions", str(SESSIONS),
-                              "--batch-wait", str(BATCH_WAIT_S), model=own_qwen3_moe)
+                              "--batch-wait", str(BATCH_WAIT_S), model=path)
     url = next(line for line in server.stdout if line.startswith("metrics: ")).split(" ", 1)[1]
     generator = torch.Generator().manual_seed(8)
     prompts = [torch.randint(4, 250, (1, 4 + i), generator=generator) for i in range(SESSIONS)]
@@ -257,7 +262,7 @@ def test_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, sw
     expected = [reference.generate(p, **kwargs).tolist() for p in prompts]
     before = scrape(url)
     config = _client_config(swarm, request_timeout_s=2.0 * BATCH_WAIT_S)
-    with AutoDistributedModelForCausalLM.from_pretrained(own_qwen3_moe, client_config=config) as ours:
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=config) as ours:
         with ThreadPoolExecutor(SESSIONS) as pool:
             together = list(pool.map(lambda prompt: ours.generate(prompt, **kwargs).tolist(), prompts))
     after = scrape(url)
@@ -448,3 +453,12 @@ def test_qwen3_next_server_killed_mid_generation_is_replayed_around(start_server
     path = tmp_path / f"qwen3_next-{time.monotonic_ns() % 10**8}"
     shutil.copytree(qwen3_next_checkpoint, path)
     assert_replayed_around_a_kill(start_servers, swarm, path, _reference(qwen3_next_checkpoint))
+
+
+@torch.inference_mode()
+def test_qwen3_next_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, swarm,
+                                                                         qwen3_next_checkpoint, tmp_path):
+    """Each pass holds a step of each session, every one from its own recurrent state."""
+    path = tmp_path / f"qwen3_next-{time.monotonic_ns() % 10**8}"
+    shutil.copytree(qwen3_next_checkpoint, path)
+    assert_eight_sessions_batched_equal_alone(start_servers, swarm, path, _reference(qwen3_next_checkpoint))
