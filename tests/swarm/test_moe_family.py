@@ -411,10 +411,10 @@ def qwen3_next(swarm, qwen3_next_checkpoint):
 
 
 @torch.inference_mode()
-def test_qwen3_next_greedy_and_prompt_lookup_equal_transformers_greedy(qwen3_next, rewinds):
-    """Greedy tokens through the swarm equal transformers' greedy (Qwen3NextForCausalLM); prompt lookup's
-    rejected proposals roll each server's recurrent state back exactly, so its tokens equal greedy's too
-    (transformers' own prompt lookup does not roll its state back, and differs)."""
+def test_qwen3_next_greedy_and_speculative_decoding_equal_transformers_greedy(qwen3_next, rewinds):
+    """Greedy tokens through the swarm equal transformers' greedy (Qwen3NextForCausalLM); prompt lookup's and a
+    draft model's rejected proposals roll each server's recurrent state back exactly, so their tokens equal
+    greedy's too (transformers' own prompt lookup does not roll its state back, and differs)."""
     ours, reference = qwen3_next
     assert isinstance(ours, DistributedQwen3NextForCausalLM)
     prompt = torch.cat([PROMPT, PROMPT[:, 1:]], dim=1)  # repeats itself, so prompt lookup has proposals
@@ -424,6 +424,15 @@ def test_qwen3_next_greedy_and_prompt_lookup_equal_transformers_greedy(qwen3_nex
     tokens = ours.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, prompt_lookup_num_tokens=3)
     assert tokens.tolist() == expected.tolist()
     assert rewinds, "no proposal was rejected: the servers' states never rolled back"
+    rewinds.clear()
+    # the draft: the target with a noisy head (its first block alone, as for the other variants, has no attention
+    # layer, which transformers' cache needs), so that some of its proposals are rejected
+    draft, noise = copy.deepcopy(reference), torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        draft.lm_head.weight.add_(0.3 * torch.randn(draft.lm_head.weight.shape, generator=noise))
+    tokens = ours.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=draft)
+    assert tokens.tolist() == expected.tolist()
+    assert rewinds, "no draft was rejected: the servers' states never rolled back"
 
 
 @torch.inference_mode()
