@@ -81,9 +81,9 @@ def _recurrent(layouts: Sequence[Layout]) -> list[RecurrentLayout]:
 class SessionCache:
     """The cached entries and the padding mask for blocks [start, end) of one session.
 
-    `layouts[i]` is block start + i's layout (a recurrent block's state is in `recurrent`). A family's attention calls `update(layer_idx, *new)` once
-    per block with the new tokens' entries, one tensor per part of its layout; `begin_step` says where
-    in the sequence they go. Blocks of one layout share one tensor per part, [block, batch, heads,
+    `layouts[i]` is block start + i's layout (a recurrent block's state is in `recurrent`). A family's
+    attention calls `update(layer_idx, *new)` once per block with the new tokens' entries, one tensor per
+    part of its layout; `begin_step` says where in the sequence they go. Blocks of one layout share one tensor per part, [block, batch, heads,
     position, width] (the layout BLOOM's and the Llama family's keys and values have always had).
     """
 
