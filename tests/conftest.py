@@ -127,6 +127,31 @@ def deepseek_checkpoints(tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
+# Qwen3-Next: Gated DeltaNet blocks 0-2 and a gated-attention block 3 (layer_types' default pattern), each with
+# Qwen2-MoE's experts and a shared expert but for a dense block 1; half of each head rotated.
+QWEN3_NEXT = dict(model_type="qwen3_next", head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                  linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4,
+                  num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                  mlp_only_layers=[1], rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                            partial_rotary_factor=0.5))
+
+
+@pytest.fixture(scope="session")
+def qwen3_next_checkpoint(tmp_path_factory) -> Path:
+    """QWEN3_NEXT's checkpoint (4 blocks, hidden 64), sharded over a few files, with random norm weights, decays
+    and dt biases (transformers initializes the norms to zeros: (1 + w) would be 1 everywhere)."""
+    path = write_random_checkpoint(tmp_path_factory.mktemp("qwen3-next"), num_blocks=TINY_BLOCKS, hidden_size=64,
+                                   num_heads=4, seed=6, initializer_range=0.15, max_shard_size="100KB", **QWEN3_NEXT)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("norm.weight", "A_log", "dt_bias")):
+                parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
+    model.save_pretrained(path, max_shard_size="100KB")
+    return path
+
+
 @pytest.fixture(scope="session")
 def kimi_k25_checkpoint(tmp_path_factory) -> Path:
     """Kimi K2.5's multimodal checkpoint in its published layout (tests/helpers/kimi_k25.py), whose text model is

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from .bloom import BLOOM
 from .family import ModelFamily
 from .llama import LLAMA
+from .qwen3_next import QWEN3_NEXT
 
 __all__ = ["FAMILIES", "MULTIMODAL_CHECKPOINTS", "TextModelOf", "family_for_model_type", "served_model_types"]
 
-FAMILIES: tuple[ModelFamily, ...] = (BLOOM, LLAMA)
+FAMILIES: tuple[ModelFamily, ...] = (BLOOM, LLAMA, QWEN3_NEXT)
 
 
 @dataclass(frozen=True)

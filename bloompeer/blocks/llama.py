@@ -15,6 +15,9 @@ expert, gpt-oss Llama with biases, attention sinks, alternating windows and its 
 DeepSeek-V3 is Llama with multi-head latent attention (mla.py, which caches a latent, not keys and
 values) and DeepSeek's experts (a group-limited sigmoid router, shared experts, dense first layers);
 GLM-4.5 is those experts on Llama's attention with partial rotary, biases and optional q/k norms.
+Qwen3-Next's full-attention blocks are Qwen3's with a gated query (q_proj's per-head query and gate,
+the output times sigmoid(gate)), partial rotary, the zero-centred (1 + w) RMSNorm and Qwen2-MoE's
+experts; its linear-attention blocks are qwen3_next.py's.
 
 Attention (attention.py) is PyTorch's scaled_dot_product_attention with an explicit mask (a session's
 padding, causality and window), or gpt-oss's with sinks; neither copies the keys and values.
@@ -41,7 +44,7 @@ from .moe import (
     GptOssExpert, GroupLimitedRouter, MixtralExpert, Router, SparseMoe, softmax_then_top_k, split_fused_experts,
     top_k_then_softmax,
 )
-from .rms_norm import RMSNorm
+from .rms_norm import RMSNorm, ZeroCentredRMSNorm
 from .rope import RotaryFrequencies, rope_frequencies, rotate_half
 from .span import BlockSpan, Linear, Segment, allowed_keys
 
@@ -71,6 +74,8 @@ class Variant:
     # latent attention); None: grouped-query attention caching keys and values
     make_attention: Callable[[object, int], nn.Module] | None = None
     cache_layout: Callable[[object], CacheLayout] | None = None
+    zero_centred_norm: bool = False  # every RMSNorm's weight is an offset from 1, cast after it (Qwen3-Next)
+    gated_query: bool = False  # q_proj gives each head a query and a gate; output * sigmoid(gate) (Qwen3-Next)
 
 
 def _layer_windows(config) -> tuple[int | None, ...]:
@@ -159,6 +164,9 @@ _VARIANTS |= {  # the mixtures of experts, each as its dense base's differences
                                      cache_layout=latent_layout, make_mlp=_deepseek_mlp, experts=_deepseek_experts),
     "glm4_moe": lambda c: Variant(qkv_bias=c.attention_bias, qk_norm=c.use_qk_norm,
                                   windows=(None,) * c.num_hidden_layers, partial_rotary=True, make_mlp=_deepseek_mlp, experts=_deepseek_experts),
+    "qwen3_next": lambda c: replace(_VARIANTS["qwen3"](c), partial_rotary=True, zero_centred_norm=True,
+                                    gated_query=True, experts=_qwen_moe_experts,
+                                    make_mlp=lambda config, i: _qwen_moe_mlp(config, i, shared=True)),
 }
 
 
@@ -170,18 +178,25 @@ def head_dim_of(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def norm_of(variant: Variant, size: int, eps: float) -> RMSNorm:
+    """The variant's RMSNorm of `size` values."""
+    if variant.zero_centred_norm:
+        return ZeroCentredRMSNorm(size, eps)
+    return RMSNorm(size, eps, variant.norm_weight_first)
+
+
 class _Attention(nn.Module):
     def __init__(self, config, variant: Variant, layer_idx: int):
         super().__init__()
         hidden, heads, kv_heads, head_dim = (config.hidden_size, config.num_attention_heads,
                                              config.num_key_value_heads, head_dim_of(config))
-        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=variant.qkv_bias)
+        self.q_proj = nn.Linear(hidden, heads * head_dim * (2 if variant.gated_query else 1), bias=variant.qkv_bias)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=variant.qkv_bias)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=variant.qkv_bias)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=variant.o_bias)
         if variant.qk_norm:
-            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+            self.q_norm = norm_of(variant, head_dim, config.rms_norm_eps)
+            self.k_norm = norm_of(variant, head_dim, config.rms_norm_eps)
         if variant.sinks:
             self.sinks = nn.Parameter(torch.empty(heads))
         self.layer_idx, self.window = layer_idx, variant.windows[layer_idx]
@@ -208,10 +223,10 @@ class LlamaBlock(nn.Module):
 
     def __init__(self, config, variant: Variant, layer_idx: int, mlp: nn.Module):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, variant.norm_weight_first)
+        self.input_layernorm = norm_of(variant, config.hidden_size, config.rms_norm_eps)
         self.self_attn = variant.make_attention(config, layer_idx) if variant.make_attention \
             else _Attention(config, variant, layer_idx)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, variant.norm_weight_first)
+        self.post_attention_layernorm = norm_of(variant, config.hidden_size, config.rms_norm_eps)
         self.add_module(variant.mlp_name, mlp)
         self.mlp_name = variant.mlp_name
 
@@ -328,9 +343,15 @@ class LlamaSpan(BlockSpan):
                   linear: Linear) -> torch.Tensor:
         """The attention part's output (before the residual): q/k norms and rotation on every row at once,
         attention segment by segment."""
-        query, key = self._rotated(attn, linear(attn.q_proj, normed), linear(attn.k_proj, normed), attention)
+        query, gate = linear(attn.q_proj, normed), None
+        if self.variant.gated_query:  # Qwen3-Next: each head's query, then its gate
+            query, gate = query.view(*query.shape[:-1], -1, 2 * self.head_dim).chunk(2, dim=-1)
+            query, gate = query.flatten(-2), gate.flatten(-2)
+        query, key = self._rotated(attn, query, linear(attn.k_proj, normed), attention)
         qkv = query, key, linear(attn.v_proj, normed)
         context = self.per_segment(qkv, attention, rows, lambda q, k, v, inputs: self._attend(attn, q, k, v, inputs))
+        if gate is not None:
+            context = context * torch.sigmoid(gate)
         return linear(attn.o_proj, context)
 
     def _rotated(self, attn: _Attention, query: torch.Tensor, key: torch.Tensor,
@@ -365,7 +386,7 @@ class LlamaSpan(BlockSpan):
 
 def _client_modules(config) -> dict[str, nn.Module]:
     """LlamaModel's modules around its blocks (every variant's alike but for the norm's arithmetic)."""
-    norm = RMSNorm(config.hidden_size, config.rms_norm_eps, variant_of(config).norm_weight_first)
+    norm = norm_of(variant_of(config), config.hidden_size, config.rms_norm_eps)
     return {"embed_tokens": nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id), "norm": norm}
 
 

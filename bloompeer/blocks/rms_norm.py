@@ -1,11 +1,12 @@
-"""RMSNorm as the Llama family's models and DeepSeek-V3's latent attention compute it."""
+"""RMSNorm as the Llama family's models and DeepSeek-V3's latent attention compute it, and Qwen3-Next's
+zero-centred form."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-__all__ = ["RMSNorm"]
+__all__ = ["RMSNorm", "ZeroCentredRMSNorm"]
 
 
 class RMSNorm(nn.Module):
@@ -24,3 +25,17 @@ class RMSNorm(nn.Module):
         if self.weight_first:
             return (self.weight * (hidden * torch.rsqrt(variance + self.eps))).to(dtype)
         return self.weight * (hidden * torch.rsqrt(variance + self.eps)).to(dtype)
+
+
+class ZeroCentredRMSNorm(RMSNorm):
+    """Qwen3-Next's RMSNorm (Qwen3NextRMSNorm): its weight stored as an offset from 1 (zeros at init) and
+    applied in float32 as (1 + weight), cast back after the multiply."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__(size, eps)
+        nn.init.zeros_(self.weight)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        normed = hidden.float()
+        normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).type_as(hidden)

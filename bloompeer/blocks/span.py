@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .batched_linear import BatchedLinears
-from .kv_cache import CacheLayout, SessionCache
+from .kv_cache import Layout, SessionCache
 
 __all__ = ["BlockSpan", "Linear", "Segment", "allowed_keys", "float32_parameter_names"]
 
@@ -102,9 +102,10 @@ class BlockSpan(nn.Module):
     # What a family provides
 
     @classmethod
-    def cache_layout(cls, config, layer_idx: int) -> CacheLayout:
-        """What a session keeps per token in block `layer_idx` (kv_cache.py): its bytes size the cache
-        budget, the announced room and every session's reservation."""
+    def cache_layout(cls, config, layer_idx: int) -> Layout:
+        """What a session keeps in block `layer_idx` (kv_cache.py): per token (a CacheLayout) or, for a
+        recurrent block, per session (a RecurrentLayout); its bytes size the cache budget, the announced room
+        and every session's reservation."""
         raise NotImplementedError
 
     @classmethod
@@ -145,7 +146,7 @@ class BlockSpan(nn.Module):
     def num_blocks(self) -> int:
         return self.end - self.start
 
-    def cache_layouts(self, start: int, end: int) -> list[CacheLayout]:
+    def cache_layouts(self, start: int, end: int) -> list[Layout]:
         return [self.cache_layout(self.config, layer_idx) for layer_idx in range(start, end)]
 
     def new_cache(self, start: int, end: int, batch: int, max_length: int, dtype: torch.dtype,
@@ -155,6 +156,12 @@ class BlockSpan(nn.Module):
     def cache_nbytes(self, start: int, end: int, batch: int, max_length: int, dtype: torch.dtype) -> int:
         """What a session of blocks [start, end) reserves (SessionCache.nbytes)."""
         return SessionCache.nbytes(self.cache_layouts(start, end), batch, max_length, dtype)
+
+    def cache_costs(self, start: int, end: int, dtype: torch.dtype) -> tuple[int, int]:
+        """(bytes a token of one row takes, bytes a session of one row takes whatever its length) in blocks
+        [start, end): the cache budget's two rates (recurrent blocks cost per session, not per token)."""
+        layouts = self.cache_layouts(start, end)
+        return SessionCache.nbytes_per_token(layouts, dtype), SessionCache.nbytes_per_session(layouts, 1, dtype)
 
     def use_batched_linears(self) -> bool:
         """Compute the linear layers of passes of several requests with the batched-pass kernel (see

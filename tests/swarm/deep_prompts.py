@@ -48,7 +48,7 @@ def reference_prompt_gradients(reference, blocks: nn.ModuleList, embeds: torch.T
     return prompts.grad, deep.grad
 
 
-def assert_prompt_gradients_equal(ours, reference) -> None:
+def assert_prompt_gradients_equal(ours, reference, bound: float = 2e-6) -> None:
     """Seeds a deep_ptune Llama-family model's prompts (deep ones not zero, so every block's prompts
     matter), backpropagates its LM loss through the swarm, and compares both prompts' gradients with
     transformers' `reference` on the same text.
@@ -56,7 +56,7 @@ def assert_prompt_gradients_equal(ours, reference) -> None:
     Not bitwise: the servers' autograd accumulates in other orders than transformers' (3.7-4.4e-7 of
     the largest gradient apart for dense blocks, 2.9-5.7e-7 for Qwen3-MoE over 8 seeds), while an
     element near zero can be a few percent off its own value; so the bound is relative to the
-    gradient's scale: 2e-6 of its largest element."""
+    gradient's scale: `bound` of its largest element, 2e-6 but where a family says why not."""
     prompts, deep = ours.model.prompt_embeddings.weight, ours.model.intermediate_prompt_embeddings.weight
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -69,4 +69,4 @@ def assert_prompt_gradients_equal(ours, reference) -> None:
     for mine, theirs in zip((prompts.grad, deep.grad), expected):
         scale = float(theirs.abs().max())
         assert scale > 0
-        torch.testing.assert_close(mine, theirs, rtol=0, atol=2e-6 * scale)
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=bound * scale)

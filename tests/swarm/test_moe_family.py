@@ -6,7 +6,8 @@ GptOssForCausalLM) on the same weights in float32, loaded with `experts_implemen
 Every checkpoint of MOE_FAMILY (tests/conftest.py) is served by two servers (blocks 0:2 and 2:4) on
 the shared bootstrap peer, all started at once. The prompts run past Mixtral's window (5 tokens) and
 gpt-oss's (4, every other layer). What needs servers of its own (a kill) gets a copy of the Qwen3-MoE
-checkpoint under another name.
+checkpoint under another name. Qwen3-Next (QWEN3_NEXT: Gated DeltaNet blocks with a recurrent state per
+session beside a gated-attention block, Qwen2-MoE's experts) gets two servers of its own.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassificati
                           Mxfp4Config)
 
 from bloompeer import (AutoDistributedModelForCausalLM, AutoDistributedModelForSequenceClassification, ClientConfig,
-                       DistributedLlamaForCausalLM, NetworkConfig)
+                       DistributedLlamaForCausalLM, DistributedQwen3NextForCausalLM, NetworkConfig)
 from bloompeer.peer.cli.local_swarm import stop_in_parallel
 from bloompeer.peer.client import verification
 from bloompeer.peer.server.config import ServerConfig
@@ -246,9 +247,14 @@ def test_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, sw
     """Eight sessions of different prompt lengths through one server whose every pass waits until it holds a
     step of each (`--max-batch-sessions 8 --batch-wait`, as test_llama_family's): their rows are grouped by
     expert together, each routed on its own, and each session's tokens equal transformers' alone."""
-    reference = references("qwen3_moe")
+    assert_eight_sessions_batched_equal_alone(start_servers, swarm, own_qwen3_moe, references("qwen3_moe"))
+
+
+def assert_eight_sessions_batched_equal_alone(start_servers, swarm, path, reference) -> None:
+    """Eight sessions of `path` through one server of its 4 blocks whose every pass holds a step of each: each
+    session's tokens equal transformers' alone."""
     (server,) = start_servers([(0, 4)], "--metrics-port", "0", "--max-batch-sessions", str(SESSIONS),
-                              "--batch-wait", str(BATCH_WAIT_S), model=own_qwen3_moe)
+                              "--batch-wait", str(BATCH_WAIT_S), model=path)
     url = next(line for line in server.stdout if line.startswith("metrics: ")).split(" ", 1)[1]
     generator = torch.Generator().manual_seed(8)
     prompts = [torch.randint(4, 250, (1, 4 + i), generator=generator) for i in range(SESSIONS)]
@@ -256,7 +262,7 @@ def test_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, sw
     expected = [reference.generate(p, **kwargs).tolist() for p in prompts]
     before = scrape(url)
     config = _client_config(swarm, request_timeout_s=2.0 * BATCH_WAIT_S)
-    with AutoDistributedModelForCausalLM.from_pretrained(own_qwen3_moe, client_config=config) as ours:
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=config) as ours:
         with ThreadPoolExecutor(SESSIONS) as pool:
             together = list(pool.map(lambda prompt: ours.generate(prompt, **kwargs).tolist(), prompts))
     after = scrape(url)
@@ -384,3 +390,94 @@ def test_the_api_chats_with_gpt_oss_through_its_chat_template(moe_servers, swarm
         logprobs = torch.log_softmax(reference(torch.tensor([prompt])).logits[0].float(), dim=-1)
         wanted = logprobs[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
         assert choice.logprobs.token_logprobs[1:] == pytest.approx(wanted, abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def qwen3_next(swarm, qwen3_next_checkpoint):
+    """(our Qwen3-Next through two servers of its own, blocks 0:2 and 2:4; transformers' model): Gated DeltaNet
+    blocks keep a recurrent state per session on both servers (block 3 attention on the second)."""
+    servers = [swarm.add_server(start, end, model=qwen3_next_checkpoint, wait=False, name=f"qwen3_next-{start}-{end}")
+               for start, end in [(0, 2), (2, 4)]]
+    try:
+        deadline = time.monotonic() + 180
+        for server in servers:
+            server.wait_online(deadline)
+        trusted = tuple(server.peer_id_str for server in servers)
+        config = _client_config(swarm, trusted_servers=trusted)
+        with AutoDistributedModelForCausalLM.from_pretrained(qwen3_next_checkpoint, client_config=config) as ours:
+            yield ours, _reference(qwen3_next_checkpoint)
+    finally:
+        stop_in_parallel(servers)
+
+
+@torch.inference_mode()
+def test_qwen3_next_greedy_and_speculative_decoding_equal_transformers_greedy(qwen3_next, rewinds):
+    """Greedy tokens through the swarm equal transformers' greedy (Qwen3NextForCausalLM); prompt lookup's and a
+    draft model's rejected proposals roll each server's recurrent state back exactly, so their tokens equal
+    greedy's too (transformers' own prompt lookup does not roll its state back, and differs)."""
+    ours, reference = qwen3_next
+    assert isinstance(ours, DistributedQwen3NextForCausalLM)
+    prompt = torch.cat([PROMPT, PROMPT[:, 1:]], dim=1)  # repeats itself, so prompt lookup has proposals
+    expected = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert ours.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False).tolist() == expected.tolist()
+    assert not rewinds
+    tokens = ours.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, prompt_lookup_num_tokens=3)
+    assert tokens.tolist() == expected.tolist()
+    assert rewinds, "no proposal was rejected: the servers' states never rolled back"
+    rewinds.clear()
+    # the draft: the target with a noisy head (its first block alone, as for the other variants, has no attention
+    # layer, which transformers' cache needs), so that some of its proposals are rejected
+    draft, noise = copy.deepcopy(reference), torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        draft.lm_head.weight.add_(0.3 * torch.randn(draft.lm_head.weight.shape, generator=noise))
+    tokens = ours.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_model=draft)
+    assert tokens.tolist() == expected.tolist()
+    assert rewinds, "no draft was rejected: the servers' states never rolled back"
+
+
+@torch.inference_mode()
+def test_qwen3_next_left_padded_batch_and_beam_search(qwen3_next):
+    """Padding leaves a row's recurrent state as it was (zeroed inputs, as transformers does); beam search
+    reorders each server's states with its keys and values."""
+    ours, reference = qwen3_next
+    greedy = dict(attention_mask=PADDED_MASK, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert ours.generate(PADDED, **greedy).tolist() == reference.generate(PADDED, **greedy).tolist()
+    beams = greedy | dict(num_beams=3)
+    assert ours.generate(PADDED, **beams).tolist() == reference.generate(PADDED, **beams).tolist()
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("length", [16, 70])
+def test_qwen3_next_teacher_forced_logits_within_1e_4(qwen3_next, length):
+    """A full forward of a text shorter and one longer than the delta rule's 64-token chunk."""
+    ours, reference = qwen3_next
+    ids = torch.randint(4, 250, (2, length), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(ours(ids).logits, reference(ids).logits, rtol=0, atol=1e-4)
+
+
+@torch.inference_mode()
+def test_qwen3_next_server_killed_mid_generation_is_replayed_around(start_servers, swarm, qwen3_next_checkpoint,
+                                                                   tmp_path):
+    """The replacement server rebuilds its recurrent states from the replayed history."""
+    path = tmp_path / f"qwen3_next-{time.monotonic_ns() % 10**8}"
+    shutil.copytree(qwen3_next_checkpoint, path)
+    assert_replayed_around_a_kill(start_servers, swarm, path, _reference(qwen3_next_checkpoint))
+
+
+@torch.inference_mode()
+def test_qwen3_next_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, swarm,
+                                                                         qwen3_next_checkpoint, tmp_path):
+    """Each pass holds a step of each session, every one from its own recurrent state."""
+    path = tmp_path / f"qwen3_next-{time.monotonic_ns() % 10**8}"
+    shutil.copytree(qwen3_next_checkpoint, path)
+    assert_eight_sessions_batched_equal_alone(start_servers, swarm, path, _reference(qwen3_next_checkpoint))
+
+
+def test_qwen3_next_prompt_tuning_gradients_equal_local_autograd(qwen3_next, swarm, qwen3_next_checkpoint):
+    """Deep prompts through Gated DeltaNet blocks: the servers' backward (the forward recomputed with autograd,
+    the chunked rule) gives local autograd's gradients, within 1e-5 of the largest: measured 2.2e-6 (one element
+    of 192 past the dense families' 2e-6; the rule's chunked products and their autograd sum in other orders)."""
+    _, reference = qwen3_next
+    with DistributedQwen3NextForCausalLM.from_pretrained(qwen3_next_checkpoint, client_config=_client_config(swarm),
+                                                         tuning_mode="deep_ptune", pre_seq_len=3) as ours:
+        assert_prompt_gradients_equal(ours, reference, bound=1e-5)

@@ -6,7 +6,8 @@ def test_public_names_are_pinned():
         "__version__", "AutoDistributedModelForCausalLM", "AutoDistributedModelForSequenceClassification",
         "BloompeerError", "ClientConfig", "DistributedBloomForCausalLM",
         "DistributedBloomForSequenceClassification", "DistributedBloomModel", "DistributedLlamaForCausalLM",
-        "DistributedLlamaForSequenceClassification", "DistributedLlamaModel",
+        "DistributedLlamaForSequenceClassification", "DistributedLlamaModel", "DistributedQwen3NextForCausalLM",
+        "DistributedQwen3NextForSequenceClassification", "DistributedQwen3NextModel",
         "ErrorCode", "MissingBlocksError", "NetworkConfig", "NetworkError", "PeerBusyError", "PeerUnavailableError",
         "ProtocolError", "RemoteError",
     ])

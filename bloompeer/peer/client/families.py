@@ -22,6 +22,7 @@ from .model import DistributedCausalLMMixin
 __all__ = [
     "ClientClasses", "DistributedBloomForCausalLM", "DistributedBloomForSequenceClassification", "DistributedBloomModel",
     "DistributedLlamaForCausalLM", "DistributedLlamaForSequenceClassification", "DistributedLlamaModel",
+    "DistributedQwen3NextForCausalLM", "DistributedQwen3NextForSequenceClassification", "DistributedQwen3NextModel",
     "client_classes",
 ]
 
@@ -66,3 +67,5 @@ DistributedBloomModel, DistributedBloomForCausalLM, DistributedBloomForSequenceC
     _CLASSES["bloom"].model, _CLASSES["bloom"].causal_lm, _CLASSES["bloom"].sequence_classification)
 DistributedLlamaModel, DistributedLlamaForCausalLM, DistributedLlamaForSequenceClassification = (
     _CLASSES["llama"].model, _CLASSES["llama"].causal_lm, _CLASSES["llama"].sequence_classification)
+DistributedQwen3NextModel, DistributedQwen3NextForCausalLM, DistributedQwen3NextForSequenceClassification = (
+    _CLASSES["qwen3_next"].model, _CLASSES["qwen3_next"].causal_lm, _CLASSES["qwen3_next"].sequence_classification)

@@ -1,8 +1,10 @@
 """The server's attention-cache memory: a fixed budget (the memory plan's, memory_plan.py), handed
 out whole to sessions as they open.
 
-A session reserves batch x max_length tokens of cache for its blocks when it opens, never
-more later, so a server that accepted a session can always finish it. An open that does not
+A session reserves batch x max_length tokens of cache for its blocks when it opens, and batch rows of
+its recurrent blocks' state (a cost per session, whatever its length: Gated DeltaNet's), never more
+later, so a server that accepted a session can always finish it. The room announced is in tokens: what
+one more session of one row could still take after its state. An open that does not
 fit waits for sessions to close, up to the client's allocation timeout.
 """
 
@@ -16,20 +18,22 @@ __all__ = ["CacheBudget"]
 
 
 class CacheBudget:
-    def __init__(self, total_bytes: int, bytes_per_token: int):
-        """bytes_per_token: cache bytes of one token over the server's whole span (sizes the announcements)."""
-        self.total_bytes, self.bytes_per_token = total_bytes, bytes_per_token
+    def __init__(self, total_bytes: int, bytes_per_token: int, bytes_per_session: int = 0):
+        """bytes_per_token: cache bytes of one token over the server's whole span (sizes the announcements);
+        bytes_per_session: what a session of one row takes there whatever its length (its recurrent state)."""
+        self.total_bytes, self.bytes_per_token, self.bytes_per_session = total_bytes, bytes_per_token, bytes_per_session
         self.used_bytes = 0
         self.waiting = 0  # opens waiting for room now
         self._changed = asyncio.Condition()
 
     @property
     def tokens_left(self) -> int:
-        return (self.total_bytes - self.used_bytes) // self.bytes_per_token
+        return max(0, self.total_bytes - self.used_bytes - self.bytes_per_session) // self.bytes_per_token
 
     def _describe(self, nbytes: int) -> str:
-        return (f"asked for {nbytes // self.bytes_per_token} tokens of cache, {self.tokens_left} of "
-                f"{self.total_bytes // self.bytes_per_token} are free")
+        tokens = max(0, nbytes - self.bytes_per_session) // self.bytes_per_token
+        return (f"asked for {tokens} tokens of cache, {self.tokens_left} of "
+                f"{max(0, self.total_bytes - self.bytes_per_session) // self.bytes_per_token} are free")
 
     async def reserve(self, nbytes: int, timeout_s: float) -> None:
         """Take `nbytes`, waiting up to `timeout_s` for other sessions to free them."""

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 
 from ...blocks import Checkpoint, SessionCache
+from ...blocks.kv_cache import CacheLayout, Layout
+from ...blocks.recurrent_state import RecurrentLayout
 from ...errors import RequestError
 from ...weight_format import WeightFormat
 from .config import ServerConfig
@@ -121,31 +123,32 @@ def plan_memory(config: ServerConfig, checkpoint: Checkpoint, wanted: range | in
     available = available_bytes(config.device) + (fixed - WORKING_BYTES)
     token_bytes = _token_bytes(checkpoint, config.torch_dtype, 1)  # one token's cache over one block
     if wanted is None:
-        wanted = _count_that_fits(config, stored, available - fixed - copy, token_bytes)
+        block_cache = (config.cache_tokens or 0) * token_bytes + _session_bytes(checkpoint, config.torch_dtype, 1)
+        wanted = _count_that_fits(config, stored, available - fixed - copy, block_cache)
     if isinstance(wanted, range):
         weights_bytes, num_blocks = stored.span_nbytes(wanted.start, wanted.stop), len(wanted)
         float_bytes = StoredBlocks(checkpoint, _float(config)).span_nbytes(wanted.start, wanted.stop)
     else:
         weights_bytes, num_blocks = stored.largest_span_nbytes(wanted), wanted
         float_bytes = StoredBlocks(checkpoint, _float(config)).largest_span_nbytes(wanted)
-    if config.cache_tokens is not None:  # exactly --cache-tokens tokens over the blocks served
-        cache_bytes = config.cache_tokens * _token_bytes(checkpoint, config.torch_dtype, num_blocks)
+    session_bytes = _session_bytes(checkpoint, config.torch_dtype, num_blocks)
+    if config.cache_tokens is not None:  # exactly --cache-tokens tokens over the blocks served, and one session
+        cache_bytes = config.cache_tokens * _token_bytes(checkpoint, config.torch_dtype, num_blocks) + session_bytes
     else:
         share = CPU_CACHE_SHARE if on_cpu else GPU_CACHE_SHARE
         cache_bytes = int(max(0, available - fixed - copy - weights_bytes) * share)
     plan = MemoryPlan(config.weights, num_blocks, weights_bytes, float_bytes, copy, cache_bytes, fixed, available)
-    if plan.total_bytes > available or cache_bytes == 0:
+    if plan.total_bytes > available or cache_bytes < session_bytes + token_bytes:  # not even one session
         raise MemoryPlanError(f"not enough memory for this server: {plan}; serve fewer blocks (--blocks, "
                               f"--num-blocks), store them smaller (--quant int8 or int4) or lower --cache-tokens")
     return plan
 
 
-def _count_that_fits(config: ServerConfig, stored: StoredBlocks, room: int, token_bytes: int) -> int:
-    """The most blocks any run of which fits in `room` with its cache (--cache-tokens; by default the
-    blocks take at most FIT_WEIGHTS_SHARE of it), at most the model's."""
+def _count_that_fits(config: ServerConfig, stored: StoredBlocks, room: int, cache_per_block: int) -> int:
+    """The most blocks any run of which fits in `room` with its cache (--cache-tokens and a session's state;
+    by default the blocks take at most FIT_WEIGHTS_SHARE of it), at most the model's."""
     if config.cache_tokens is None:
         room *= FIT_WEIGHTS_SHARE
-    cache_per_block = (config.cache_tokens or 0) * token_bytes
     count = 0
     for length in range(1, len(stored.block_nbytes) + 1):
         if stored.largest_span_nbytes(length) + length * cache_per_block > room:
@@ -160,14 +163,27 @@ def _count_that_fits(config: ServerConfig, stored: StoredBlocks, room: int, toke
     return count
 
 
+def _layouts(checkpoint: Checkpoint) -> set[Layout]:
+    config = checkpoint.config()
+    return {checkpoint.family.span_class.cache_layout(config, i) for i in range(config.num_hidden_layers)}
+
+
 def _token_bytes(checkpoint: Checkpoint, dtype: torch.dtype, num_blocks: int) -> int:
     """Cache bytes of one token over any `num_blocks` blocks, as a session's cache counts them: the family's
-    largest block layout (kv_cache.py; blocks of one model cache alike in every family served today) times
-    num_blocks, and its padding mask once per session, not per block."""
-    config = checkpoint.config()
-    layouts = {checkpoint.family.span_class.cache_layout(config, i) for i in range(config.num_hidden_layers)}
-    return SessionCache.nbytes([max(layouts, key=lambda layout: layout.nbytes_per_token(dtype))] * num_blocks,
-                               1, 1, dtype)
+    largest per-token block layout (kv_cache.py) times num_blocks, and its padding mask once per session, not
+    per block. Any run of a hybrid model's blocks is counted as if all were attention blocks (at most that)."""
+    per_token = [layout for layout in _layouts(checkpoint) if isinstance(layout, CacheLayout)]
+    if not per_token:
+        return SessionCache.nbytes_per_token([], dtype)
+    return SessionCache.nbytes_per_token([max(per_token, key=lambda layout: layout.nbytes_per_token(dtype))]
+                                         * num_blocks, dtype)
+
+
+def _session_bytes(checkpoint: Checkpoint, dtype: torch.dtype, num_blocks: int) -> int:
+    """What one session of one row takes whatever its length over any `num_blocks` blocks: their recurrent
+    state, counted as if all were recurrent blocks (at most that); 0 for a model without any."""
+    recurrent = [layout for layout in _layouts(checkpoint) if isinstance(layout, RecurrentLayout)]
+    return SessionCache.nbytes_per_session(recurrent[:1] * num_blocks, 1, dtype)
 
 
 def _float(config: ServerConfig) -> WeightFormat:

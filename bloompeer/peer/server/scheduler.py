@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ...blocks import BlockSpan, Segment, SessionCache
+from ...blocks.recurrent_state import RewindError
 from ...p2p import BackwardRequest, ErrorCode, ProtocolError, Step
 from .compute import ComputeWorker
 from .metrics import ServerMetrics
@@ -155,10 +156,14 @@ class Scheduler:
                 cache.reorder(step.hypo_ids.to(self.device))
                 reordered = True
             hidden, mask = self._on_device(step.hidden), self._on_device(step.padding_mask)
-            return Segment(hidden, cache.begin_step(step.position, mask, num_new), cache, self._on_device(step.prompts))
+            try:
+                padding = cache.begin_step(step.position, mask, num_new)
+            except RewindError as exc:  # a recurrent state goes back only so far: the client replays elsewhere
+                raise ProtocolError(str(exc), ErrorCode.UNSUPPORTED) from None
+            return Segment(hidden, padding, cache, self._on_device(step.prompts))
 
         def rollback() -> None:
-            cache.length = length_before
+            cache.restore_length(length_before)
 
         return _Work(Priority.INFERENCE, next(self._order), ("inference", cache.start, cache.end),
                      step.hidden.shape[0] * num_new, segment=segment, rollback=rollback,

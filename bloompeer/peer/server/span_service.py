@@ -35,7 +35,7 @@ class SpanService:
         """cache_bytes: the attention cache's budget, the memory plan's (MemoryPlan.cache_bytes)."""
         self.span, self.retired = span, False
         dtype = config.torch_dtype
-        self.budget = CacheBudget(cache_bytes, span.cache_nbytes(span.start, span.end, 1, 1, dtype))
+        self.budget = CacheBudget(cache_bytes, *span.cache_costs(span.start, span.end, dtype))
         logger.info("Attention cache: %d tokens (%.1f MiB)", self.budget.tokens_left, cache_bytes / 2**20)
         self.registry = SessionRegistry(self.budget, config.max_sessions_per_peer, config.session_timeout_s)
         self.scheduler = Scheduler(span, compute, config.max_batch_tokens, config.device, dtype,

@@ -1,0 +1,95 @@
+"""Qwen3-Next (`qwen3_next`): the Llama family with three of every four blocks' attention replaced by Gated
+DeltaNet (gated_deltanet.py), as `layer_types` says, each block as transformers' Qwen3NextDecoderLayer
+computes it.
+
+Stated as its differences from the Llama family: its full-attention blocks are llama.py's `qwen3_next`
+variant (a gated query, partial rotary, the zero-centred RMSNorm, Qwen2-MoE's experts with a shared
+expert); a `linear_attention` block is the same block with `linear_attn` where `self_attn` would be,
+which keeps a per-session state (its `RecurrentLayout`, kept in the session cache's `recurrent`) rather
+than keys and values per token. The multi-token-prediction head (`mtp.*`) is not a block: nobody reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from .gated_deltanet import DeltaNetSegment, GatedDeltaNet, recurrent_layout
+from .kv_cache import Layout
+from .llama import LLAMA, LlamaSpan, _AttentionInputs, _PassAttention, norm_of
+from .span import Linear, Segment
+
+__all__ = ["QWEN3_NEXT", "LinearAttentionBlock", "Qwen3NextSpan"]
+
+
+def is_linear(config, layer_idx: int) -> bool:
+    return config.layer_types[layer_idx] == "linear_attention"
+
+
+class LinearAttentionBlock(nn.Module):
+    """A `linear_attention` block's parameters, named as in a checkpoint."""
+
+    def __init__(self, config, variant, layer_idx: int, mlp: nn.Module):
+        super().__init__()
+        self.input_layernorm = norm_of(variant, config.hidden_size, config.rms_norm_eps)
+        self.linear_attn = GatedDeltaNet(config, layer_idx)
+        self.post_attention_layernorm = norm_of(variant, config.hidden_size, config.rms_norm_eps)
+        self.mlp = mlp
+
+    @property
+    def feed_forward(self) -> nn.Module:
+        return self.mlp
+
+
+class _HybridInputs(_AttentionInputs):
+    """A segment's attention inputs, and its part of a Gated DeltaNet pass: its rows, its session's
+    recurrent state and its new tokens' padding."""
+
+    def __init__(self, segment: Segment, rope, windows):
+        super().__init__(segment, rope, windows)
+        mask = segment.padding_mask
+        self.deltanet = DeltaNetSegment(self.batch, self.num_new, self.cache.recurrent if self.cache else None,
+                                        None if mask is None else mask[:, -self.num_new:])
+
+
+class Qwen3NextSpan(LlamaSpan):
+    """Blocks [start, end) of a Qwen3-Next model."""
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        super().check_config(config)
+        kinds = set(config.layer_types) - {"linear_attention", "full_attention"}
+        if kinds:
+            raise ValueError(f"layer types {sorted(kinds)} are not served (Qwen3-Next's are linear_attention "
+                             "and full_attention)")
+
+    def make_block(self, config, layer_idx: int) -> nn.Module:
+        if not is_linear(config, layer_idx):
+            return super().make_block(config, layer_idx)
+        return LinearAttentionBlock(config, self.variant, layer_idx, self.make_mlp(config, layer_idx))
+
+    @classmethod
+    def cache_layout(cls, config, layer_idx: int) -> Layout:
+        return recurrent_layout(config) if is_linear(config, layer_idx) else super().cache_layout(config, layer_idx)
+
+    def attention_inputs(self, segment: Segment) -> _HybridInputs:
+        return _HybridInputs(segment, self.rope, self._windows)
+
+    def block_forward(self, block: nn.Module, hidden: torch.Tensor, attention: _PassAttention,
+                      rows: list[int], linear: Linear) -> torch.Tensor:
+        """Qwen3NextDecoderLayer.forward: a linear block mixes with Gated DeltaNet, each segment from its own
+        state; a full-attention block is the Llama family's."""
+        if not isinstance(block, LinearAttentionBlock):
+            return super().block_forward(block, hidden, attention, rows, linear)
+        segments: Sequence[DeltaNetSegment] = [inputs.deltanet for inputs in attention]
+        hidden = hidden + block.linear_attn.compute(block.input_layernorm(hidden), linear, segments)
+        return hidden + block.feed_forward.compute(block.post_attention_layernorm(hidden), linear, rows)
+
+
+QWEN3_NEXT = replace(
+    LLAMA, name="qwen3_next", config_classes={"qwen3_next": "Qwen3NextConfig"}, span_class=Qwen3NextSpan,
+    client=replace(LLAMA.client, class_name="Qwen3Next", pretrained_model="Qwen3NextPreTrainedModel"),
+)
