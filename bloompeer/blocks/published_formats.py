@@ -13,11 +13,16 @@ as float8_e4m3fn [rows, columns] and X.weight_scale_inv, float32 [ceil(rows / b0
 one scale per block of `weight_block_size` [b0, b1] ([128, 128]); X = codes x scale, multiplied in
 float32 and cast to the dtype, as transformers' Fp8Dequantize computes it (bitwise). Routers, norms,
 biases, embeddings and the LM head are stored as usual.
+
+Kimi K2-Thinking and K2.5 ship their routed experts in INT4 (`quant_method` "compressed-tensors", format
+"pack-quantized"): pack_quantized.py reads them.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .pack_quantized import STORED_SUFFIXES, PackQuantized
 
 __all__ = ["dequantize_published", "is_stored_packed", "kept_as_stored"]
 
@@ -34,8 +39,9 @@ def is_stored_packed(tensor: torch.Tensor) -> bool:
 
 
 def kept_as_stored(name: str, tensor: torch.Tensor) -> bool:
-    """What a loader must not cast to the served dtype: a format's codes, and FP8's float32 scales."""
-    return is_stored_packed(tensor) or name.endswith(_SCALE_INV)
+    """What a loader must not cast to the served dtype: a format's codes, FP8's float32 scales, and
+    compressed-tensors' int32 codes, scales and shapes."""
+    return is_stored_packed(tensor) or name.endswith((_SCALE_INV, *STORED_SUFFIXES))
 
 
 def dequantize_published(state: dict[str, torch.Tensor], quantization_config: dict | None,
@@ -47,8 +53,11 @@ def dequantize_published(state: dict[str, torch.Tensor], quantization_config: di
         state = _mxfp4_pairs_dequantized(state, dtype)
     elif quant_method == "fp8":
         state = _fp8_pairs_dequantized(state, tuple(quantization_config.get("weight_block_size") or (128, 128)), dtype)
+    elif quant_method == "compressed-tensors":
+        state = PackQuantized.of(quantization_config).dequantized(state, dtype)
     elif quant_method is not None:
-        raise ValueError(f"weights published as {quant_method!r} are not read by bloompeer (it reads mxfp4, fp8)")
+        raise ValueError(f"weights published as {quant_method!r} are not read by bloompeer (it reads mxfp4, fp8, "
+                         f"compressed-tensors pack-quantized)")
     packed = sorted(name for name, tensor in state.items() if is_stored_packed(tensor))
     if packed:
         raise ValueError(f"tensors stored as codes of a format this checkpoint's config does not name: {packed[:3]}")
