@@ -4,7 +4,9 @@ download): compressed-tensors' "pack-quantized" format, written from a float che
 value of a group to 7, as Kimi's quantization-aware training leaves it: codes -7..7), and Kimi's
 quantization_config with its `ignore` list (attention, shared experts, dense layers, the head: kept as they are).
 A multimodal checkpoint (Kimi K2.5's) gets the config inside its text_config, where Moonshot puts it.
-bloompeer/blocks/pack_quantized.py reads it back; `reference_weight` is the package's own dequantization."""
+bloompeer/blocks/pack_quantized.py reads it back; `reference_weight` is the package's own dequantization, and
+`write_dequantized_checkpoint` writes it as a float checkpoint that transformers loads as usual (transformers' own
+compressed-tensors loading does not reach DeepSeek-V3's fused experts: it would leave them uninitialized)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from compressed_tensors.quantization.lifecycle.forward import dequantize
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-__all__ = ["KIMI_INT4", "reference_weight", "write_pack_quantized_checkpoint"]
+__all__ = ["KIMI_INT4", "reference_weight", "write_dequantized_checkpoint", "write_pack_quantized_checkpoint"]
 
 # Kimi K2-Thinking's quantization_config (its config.json, as published)
 KIMI_INT4 = {
@@ -73,6 +75,25 @@ def write_pack_quantized_checkpoint(float_checkpoint: Path, directory: Path,
     config = json.loads((float_checkpoint / "config.json").read_text())
     (config["text_config"] if "text_config" in config else config)["quantization_config"] = \
         copy.deepcopy(quantization_config)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
+
+
+def write_dequantized_checkpoint(int4_checkpoint: Path, directory: Path) -> Path:
+    """A copy of a pack-quantized checkpoint with every packed weight as compressed-tensors dequantizes it in
+    float32, in one file, without its quantization_config."""
+    shutil.copytree(int4_checkpoint, directory, ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))
+    config = json.loads((int4_checkpoint / "config.json").read_text())
+    quantization_config = (config["text_config"] if "text_config" in config else config).pop("quantization_config")
+    tensors = {}
+    for shard in sorted(int4_checkpoint.glob("*.safetensors")):
+        with safe_open(shard, framework="pt") as f:
+            tensors |= {name: f.get_tensor(name) for name in f.keys()}
+    for module in [name.removesuffix(".weight_packed") for name in tensors if name.endswith(".weight_packed")]:
+        tensors[f"{module}.weight"] = reference_weight(tensors, module, quantization_config, torch.float32)
+        for suffix in ("weight_packed", "weight_scale", "weight_shape"):
+            del tensors[f"{module}.{suffix}"]
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     return directory
 

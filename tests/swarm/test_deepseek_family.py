@@ -5,7 +5,8 @@ float32, loaded with `experts_implementation="grouped_mm"` (its default experts 
 Every checkpoint of DEEPSEEK_FAMILY (tests/conftest.py: DeepSeek-V3 with and without a query LoRA, dense
 block 0, group-limited routing with a correction bias, YaRN trained for 16 positions; GLM-4.5) is served
 by two servers (blocks 0:2 and 2:4) on the shared bootstrap peer, all started at once, and so is Kimi K2.5's
-multimodal checkpoint (served as its text model, a DeepSeek-V3); the servers cache latent attention's latent,
+multimodal checkpoint (served as its text model, a DeepSeek-V3), as it is and with its routed experts in INT4 as
+Moonshot publishes them (compressed-tensors' pack-quantized); the servers cache latent attention's latent,
 not keys and values. Texts run past YaRN's original 16 positions. What needs servers of its own (a kill)
 gets a copy of the DeepSeek-V3 checkpoint under another name.
 """
@@ -29,6 +30,7 @@ from bloompeer.peer.cli.local_swarm import stop_in_parallel
 
 from ..conftest import DEEPSEEK_FAMILY
 from ..helpers.fp8 import write_fp8_checkpoint
+from ..helpers.pack_quantized import write_dequantized_checkpoint, write_pack_quantized_checkpoint
 from .deep_prompts import assert_prompt_gradients_equal
 from .test_llama_family import SESSIONS
 from .test_moe_family import (  # noqa: F401 (rewinds: a fixture)
@@ -38,7 +40,7 @@ from .test_moe_family import (  # noqa: F401 (rewinds: a fixture)
 NEW_TOKENS = 14  # PROMPT's 11 tokens and these: 25 positions, past YaRN's original 16
 VARIANTS = sorted(DEEPSEEK_FAMILY)  # deepseek_v3, deepseek_v3-no-q-lora, glm4_moe
 LATENT = [name for name in VARIANTS if name.startswith("deepseek")]
-SERVED = [*VARIANTS, "kimi_k25"]
+SERVED = [*VARIANTS, "kimi_k25", "kimi_k25-int4"]
 
 
 @functools.cache
@@ -54,8 +56,11 @@ def references(deepseek_checkpoints):
 
 
 @pytest.fixture(scope="module")
-def served_checkpoints(deepseek_checkpoints, kimi_k25_checkpoint):
-    return deepseek_checkpoints | {"kimi_k25": kimi_k25_checkpoint}
+def served_checkpoints(deepseek_checkpoints, kimi_k25_checkpoint, tmp_path_factory):
+    """SERVED's checkpoints: DEEPSEEK_FAMILY's, Kimi K2.5's, and Kimi K2.5's with its routed experts in INT4 as
+    Moonshot publishes them (compressed-tensors' pack-quantized format)."""
+    int4 = write_pack_quantized_checkpoint(kimi_k25_checkpoint, tmp_path_factory.mktemp("int4") / "kimi_k25-int4")
+    return deepseek_checkpoints | {"kimi_k25": kimi_k25_checkpoint, "kimi_k25-int4": int4}
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +198,22 @@ def test_deepseek_served_from_its_fp8_checkpoint_generates_as_transformers_loads
     kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
     with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm)) as ours:
         assert ours.generate(PROMPT, **kwargs).tolist() == reference.generate(PROMPT, **kwargs).tolist()
+
+
+@torch.inference_mode()
+def test_kimi_k25_served_from_its_int4_experts_generates_as_transformers_on_their_dequantized_weights(
+        clients, served_checkpoints, tmp_path):
+    """Kimi K2.5 in its published layout with its routed experts INT4 in compressed-tensors' pack-quantized
+    format (groups of 32 inputs, bfloat16 scales; attention, shared experts and the dense block in `ignore`): the
+    servers dequantize each block as it loads; greedy tokens equal, and teacher-forced logits within 1e-4 of,
+    transformers' class on the same weights as the compressed-tensors package dequantizes them, in float32."""
+    floats = write_dequantized_checkpoint(served_checkpoints["kimi_k25-int4"], tmp_path / "kimi_k25-dequantized")
+    reference = AutoModelForImageTextToText.from_pretrained(floats, dtype=torch.float32).eval()
+    ours = clients("kimi_k25-int4")
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    assert ours.generate(PROMPT, **kwargs).tolist() == reference.generate(PROMPT, **kwargs).tolist()
+    ids = torch.randint(4, 250, (2, 20), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(ours(ids).logits, reference(ids).logits, rtol=0, atol=1e-4)
 
 
 @torch.inference_mode()
