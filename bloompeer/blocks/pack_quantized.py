@@ -48,7 +48,7 @@ class PackQuantized:
         if formats - {None, "pack-quantized"}:
             raise ValueError(f"compressed-tensors format {sorted(map(str, formats - {None}))} is not read by "
                              f"bloompeer (it reads pack-quantized)")
-        schemes = {repr(sorted(group.get("weights", {}).items())): group for group in _groups(quantization_config)}
+        schemes = {repr(sorted(group["weights"].items())): group for group in _groups(quantization_config)}
         if len(schemes) != 1:
             raise ValueError(f"compressed-tensors config_groups: {len(schemes)} different weight schemes "
                              f"(bloompeer reads one)")
@@ -56,12 +56,12 @@ class PackQuantized:
         if group.get("input_activations") or group.get("output_activations"):
             raise ValueError("compressed-tensors config_groups quantize activations too, which bloompeer does not "
                              "compute (it reads weight-only schemes)")
-        return cls._of_weights(group.get("weights") or {})
+        return cls._of_weights(group["weights"])
 
     @classmethod
     def _of_weights(cls, weights: dict) -> PackQuantized:
         bits, strategy, group_size = weights.get("num_bits"), weights.get("strategy"), weights.get("group_size")
-        if weights.get("type", "int") != "int" or bits not in _BITS:
+        if weights.get("type", "int") != "int" or type(bits) is not int or bits not in _BITS:
             raise ValueError(f"compressed-tensors weights of type {weights.get('type')!r}, num_bits {bits!r} are not "
                              f"read by bloompeer (it reads int, num_bits {' or '.join(map(str, _BITS))})")
         if strategy not in _STRATEGIES:
@@ -117,8 +117,10 @@ class PackQuantized:
 
 
 def _groups(quantization_config: dict) -> list[dict]:
+    """The config groups, each with its weights' scheme (an object); ValueError otherwise."""
     groups = quantization_config.get("config_groups")
-    if not isinstance(groups, dict) or not groups or not all(isinstance(group, dict) for group in groups.values()):
+    if not isinstance(groups, dict) or not groups or not all(
+            isinstance(group, dict) and isinstance(group.get("weights"), dict) for group in groups.values()):
         raise ValueError("compressed-tensors quantization_config has no config_groups of weights")
     return list(groups.values())
 

@@ -39,12 +39,13 @@ KIMI_INT4 = {
 ROUTED_EXPERT = re.compile(r".*\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight")
 
 
-def _packed(weight: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
+def _packed(weight: torch.Tensor, bits: int, group_size: int) -> dict[str, torch.Tensor]:
     """weight [rows, columns] -> the tensors compressed-tensors stores for it (by suffix)."""
+    top = 2 ** (bits - 1) - 1  # 7 for 4 bits
     groups = weight.float().unflatten(-1, (-1, group_size))  # [rows, groups, group_size]
-    scale = (groups.abs().amax(-1) / 7).clamp_min(1e-8).to(torch.bfloat16)  # [rows, groups]
-    codes = (groups / scale.float()[..., None]).round().clamp(-8, 7).to(torch.int8).flatten(1)
-    return {"weight_packed": pack_to_int32(codes, 4), "weight_scale": scale,
+    scale = (groups.abs().amax(-1) / top).clamp_min(1e-8).to(torch.bfloat16)  # [rows, groups]
+    codes = (groups / scale.float()[..., None]).round().clamp(-top - 1, top).to(torch.int8).flatten(1)
+    return {"weight_packed": pack_to_int32(codes, bits), "weight_scale": scale,
             "weight_shape": torch.tensor(weight.shape)}
 
 
@@ -60,17 +61,19 @@ def reference_weight(tensors: dict[str, torch.Tensor], module: str, quantization
 
 def write_pack_quantized_checkpoint(float_checkpoint: Path, directory: Path,
                                     quantization_config: dict = KIMI_INT4) -> Path:
-    """A copy of a checkpoint (its tokenizer too) with every routed expert's linear weights pack-quantized, sharded
-    over files of about 100 KB with their index, as published checkpoints are."""
+    """A copy of a checkpoint (its tokenizer too) with every routed expert's linear weights pack-quantized as
+    `quantization_config` says (its one group's num_bits and group_size), sharded over files of about 100 KB with
+    their index, as published checkpoints are."""
     shutil.copytree(float_checkpoint, directory, ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))
     tensors = {}
     for shard in sorted(float_checkpoint.glob("*.safetensors")):
         with safe_open(shard, framework="pt") as f:
             tensors |= {name: f.get_tensor(name) for name in f.keys()}
-    group_size = quantization_config["config_groups"]["group_0"]["weights"]["group_size"]
+    weights = quantization_config["config_groups"]["group_0"]["weights"]
     for name in [name for name in tensors if ROUTED_EXPERT.fullmatch(name)]:
         module = name.removesuffix(".weight")
-        tensors |= {f"{module}.{suffix}": t for suffix, t in _packed(tensors.pop(name), group_size).items()}
+        packed = _packed(tensors.pop(name), weights["num_bits"], weights["group_size"])
+        tensors |= {f"{module}.{suffix}": tensor for suffix, tensor in packed.items()}
     _save_sharded(tensors, directory, 100_000)
     config = json.loads((float_checkpoint / "config.json").read_text())
     (config["text_config"] if "text_config" in config else config)["quantization_config"] = \

@@ -4,6 +4,7 @@ implementation (its `unpack_from_int32` and `dequantize`, tests/helpers/pack_qua
 dequantized ones bit for bit, the memory plan counts what a server holds, and hostile files are refused at load
 naming the tensor and what is wrong."""
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -22,13 +23,22 @@ from ..helpers.pack_quantized import KIMI_INT4, reference_weight, write_pack_qua
 EXPERT = "model.layers.1.mlp.experts.5.gate_proj"  # [32, 64]: 2 groups of 32 inputs a row
 
 
+# the same scheme in 8 bits: 4 codes a word
+KIMI_INT8 = copy.deepcopy(KIMI_INT4)
+KIMI_INT8["config_groups"]["group_0"]["weights"]["num_bits"] = 8
+SCHEMES = {"deepseek_v3": KIMI_INT4, "kimi_k25": KIMI_INT4, "deepseek_v3-8bit": KIMI_INT8}
+
+
 @pytest.fixture(scope="module")
 def int4_checkpoints(deepseek_checkpoints, kimi_k25_checkpoint, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
-    """name -> (the float checkpoint, its copy with routed experts in INT4): DeepSeek-V3's layout (Kimi K2-Thinking's)
-    and Kimi K2.5's multimodal one (language_model.*, the quantization_config in text_config)."""
+    """name -> (a float checkpoint, its copy with routed experts pack-quantized as SCHEMES[name] says): DeepSeek-V3's
+    layout (Kimi K2-Thinking's) and Kimi K2.5's multimodal one (language_model.*, the quantization_config in
+    text_config)."""
     root = tmp_path_factory.mktemp("int4")
-    floats = {"deepseek_v3": deepseek_checkpoints["deepseek_v3"], "kimi_k25": kimi_k25_checkpoint}
-    return {name: (path, write_pack_quantized_checkpoint(path, root / name)) for name, path in floats.items()}
+    floats = {"deepseek_v3": deepseek_checkpoints["deepseek_v3"], "kimi_k25": kimi_k25_checkpoint,
+              "deepseek_v3-8bit": deepseek_checkpoints["deepseek_v3"]}
+    return {name: (path, write_pack_quantized_checkpoint(path, root / name, SCHEMES[name]))
+            for name, path in floats.items()}
 
 
 def _stored_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -40,7 +50,7 @@ def _stored_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("name", ["deepseek_v3", "kimi_k25"])
+@pytest.mark.parametrize("name", sorted(SCHEMES))
 @torch.no_grad()
 def test_int4_experts_load_as_compressed_tensors_dequantizes_them(int4_checkpoints, name, dtype):
     """Every routed expert's weight equals the package's dequantization of the stored tensors, bit for bit; the
@@ -48,7 +58,8 @@ def test_int4_experts_load_as_compressed_tensors_dequantizes_them(int4_checkpoin
     float_path, int4_path = int4_checkpoints[name]
     stored = _stored_tensors(int4_path)
     packed = stored[f"{EXPERT}.weight_packed"]
-    assert packed.dtype == torch.int32 and list(packed.shape) == [32, 8]  # 8 codes a word, as published
+    bits = SCHEMES[name]["config_groups"]["group_0"]["weights"]["num_bits"]
+    assert packed.dtype == torch.int32 and list(packed.shape) == [32, 64 * bits // 32]  # 8 codes a word (int4)
     assert stored[f"{EXPERT}.weight_scale"].dtype == torch.bfloat16 and f"{EXPERT}.weight" not in stored
     span = open_checkpoint(int4_path).load_span(0, 4, dtype)
     floats = open_checkpoint(float_path).load_span(0, 4, dtype)
@@ -58,7 +69,7 @@ def test_int4_experts_load_as_compressed_tensors_dequantizes_them(int4_checkpoin
                                                    floats.blocks[index].feed_forward.experts)):
             for projection in ("gate_proj", "up_proj", "down_proj"):
                 module = f"model.layers.{index}.mlp.experts.{expert}.{projection}"
-                expected = reference_weight(stored, module, KIMI_INT4, dtype)
+                expected = reference_weight(stored, module, SCHEMES[name], dtype)
                 ours = getattr(mine, projection).weight
                 assert ours.dtype == dtype and torch.equal(ours, expected), module
                 error = (ours.float() - getattr(plain, projection).weight.float()).norm()
@@ -100,7 +111,7 @@ def _edited(path: Path, tmp_path: Path, tensors: dict | None = None, config: dic
     index_path = copy / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())
     for name, tensor in (tensors or {}).items():
-        shard = copy / index["weight_map"].get(name, "model-00001-of-00008.safetensors")
+        shard = copy / index["weight_map"].get(name, min(index["weight_map"].values()))
         with safe_open(shard, framework="pt") as f:
             stored = {key: f.get_tensor(key) for key in f.keys()}
         stored.pop(name, None)
@@ -119,9 +130,10 @@ def _edited(path: Path, tmp_path: Path, tensors: dict | None = None, config: dic
 
 _HOSTILE_TENSORS = {
     "packed as float": ({"weight_packed": torch.zeros(32, 8)},
-                        "gate_proj.weight_packed is torch.float32 \\[32, 8\\]; 4-bit codes of a \\[32, 64\\] weight are "
-                        "int32 \\[32, 8\\]"),
-    "packed too short": ({"weight_packed": torch.zeros(32, 7, dtype=torch.int32)}, "weight_packed is torch.int32 \\[32, 7\\]"),
+                        "gate_proj.weight_packed is torch.float32 \\[32, 8\\]; 4-bit codes of a \\[32, 64\\] weight "
+                        "are int32 \\[32, 8\\]"),
+    "packed too short": ({"weight_packed": torch.zeros(32, 7, dtype=torch.int32)},
+                         "weight_packed is torch.int32 \\[32, 7\\]"),
     "scale of integers": ({"weight_scale": torch.ones(32, 2, dtype=torch.int32)},
                           "gate_proj.weight_scale is torch.int32 \\[32, 2\\]; its groups of 32 columns take a float "
                           "tensor \\[32, 2\\]"),
@@ -149,12 +161,14 @@ def test_hostile_int4_tensors_are_refused_at_load_naming_the_tensor(int4_checkpo
 
 
 @pytest.mark.parametrize("weights, message", [
-    ({"num_bits": 3}, "weights of type 'int', num_bits 3 are not read by bloompeer \\(it reads int, num_bits 4 or 8\\)"),
+    ({"num_bits": 3}, "weights of type 'int', num_bits 3 are not read by bloompeer \\(it reads int, num_bits 4 "
+                      "or 8\\)"),
+    ({"num_bits": 4.0}, "weights of type 'int', num_bits 4.0 are not read"),
     ({"type": "float"}, "weights of type 'float', num_bits 4 are not read"),
     ({"strategy": "block"}, "weights of strategy 'block' are not read by bloompeer \\(it reads group, channel\\)"),
     ({"group_size": 0}, "group_size 0 is not a positive integer"),
     ({"symmetric": False}, "asymmetric weights \\(symmetric: false, weight_zero_point\\) are not read"),
-], ids=["num_bits", "type", "strategy", "group_size", "symmetric"])
+], ids=["num_bits", "num_bits-float", "type", "strategy", "group_size", "symmetric"])
 def test_int4_schemes_not_read_here_are_refused_naming_the_field(int4_checkpoints, tmp_path, weights, message):
     path = _edited(int4_checkpoints["deepseek_v3"][1], tmp_path, config=weights)
     with pytest.raises(CheckpointError, match=f"block 0: compressed-tensors {message}"):
