@@ -14,7 +14,7 @@ what the files hold, as it is for FP8. A packed linear weight X [rows, columns] 
 and X = code x scale, multiplied in float32 (exact: a code has at most 8 bits, a bfloat16 scale 8) and cast
 once to the dtype. That is compressed-tensors' own `unpack_from_int32` and `dequantize` bit for bit
 (tests/unit/test_pack_quantized.py runs the package on the same files), whose product is in the scale's
-dtype: the same when the dtype is the scale's or float32 (where transformers' loading holds the scale).
+dtype: bfloat16 with the scale as stored, float32 with the scale cast to float32 (exact either way).
 num_bits 8 is the same layout, 4 codes a word. Asymmetric weights (weight_zero_point), activation
 quantization and other formats of compressed-tensors are refused by name, not guessed at.
 """
