@@ -5,10 +5,10 @@ float32, loaded with `experts_implementation="grouped_mm"` (its default experts 
 Every checkpoint of DEEPSEEK_FAMILY (tests/conftest.py: DeepSeek-V3 with and without a query LoRA, dense
 block 0, group-limited routing with a correction bias, YaRN trained for 16 positions; GLM-4.5) is served
 by two servers (blocks 0:2 and 2:4) on the shared bootstrap peer, all started at once, and so is Kimi K2.5's
-multimodal checkpoint (served as its text model, a DeepSeek-V3), as it is and with its routed experts in INT4 as
-Moonshot publishes them (compressed-tensors' pack-quantized); the servers cache latent attention's latent,
-not keys and values. Texts run past YaRN's original 16 positions. What needs servers of its own (a kill)
-gets a copy of the DeepSeek-V3 checkpoint under another name.
+multimodal checkpoint (served as its text model, a DeepSeek-V3), as it is and, by one server of all four blocks,
+with its routed experts in INT4 as Moonshot publishes them (compressed-tensors' pack-quantized); the servers
+cache latent attention's latent, not keys and values. Texts run past YaRN's original 16 positions. What needs
+servers of its own (a kill) gets a copy of the DeepSeek-V3 checkpoint under another name.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ NEW_TOKENS = 14  # PROMPT's 11 tokens and these: 25 positions, past YaRN's origi
 VARIANTS = sorted(DEEPSEEK_FAMILY)  # deepseek_v3, deepseek_v3-no-q-lora, glm4_moe
 LATENT = [name for name in VARIANTS if name.startswith("deepseek")]
 SERVED = [*VARIANTS, "kimi_k25", "kimi_k25-int4"]
+# each checkpoint's servers' blocks; one server for the INT4 checkpoint: what it checks is how its blocks load
+SPANS = {name: [(0, 2), (2, 4)] for name in SERVED} | {"kimi_k25-int4": [(0, 4)]}
 
 
 @functools.cache
@@ -66,7 +68,7 @@ def served_checkpoints(deepseek_checkpoints, kimi_k25_checkpoint, tmp_path_facto
 @pytest.fixture(scope="module")
 def deepseek_servers(swarm, served_checkpoints):
     servers = [swarm.add_server(start, end, model=path, wait=False, name=f"{name}-{start}-{end}")
-               for name, path in served_checkpoints.items() for start, end in [(0, 2), (2, 4)]]
+               for name, path in served_checkpoints.items() for start, end in SPANS[name]]
     try:
         deadline = time.monotonic() + 180
         for server in servers:
@@ -79,14 +81,14 @@ def deepseek_servers(swarm, served_checkpoints):
 @pytest.fixture(scope="module")
 def clients(deepseek_servers, swarm, served_checkpoints):
     """clients(name) -> our model of DEEPSEEK_FAMILY[name] (or Kimi K2.5) through the swarm, made once for the
-    module, pushing between servers for every other variant and trusting only that variant's two servers."""
+    module, pushing between servers for every other variant and trusting only that variant's servers."""
     made = {}
     with ExitStack() as stack:
         def client(name):
             if name not in made:
                 trusted = tuple(server.peer_id_str for server in deepseek_servers
                                 if server.name.startswith(name + "-") and server.name.count("-") == name.count("-") + 2)
-                assert len(trusted) == 2
+                assert len(trusted) == len(SPANS[name])
                 config = _client_config(swarm, push=SERVED.index(name) % 2 == 1, trusted_servers=trusted)
                 made[name] = stack.enter_context(
                     AutoDistributedModelForCausalLM.from_pretrained(served_checkpoints[name], client_config=config))
