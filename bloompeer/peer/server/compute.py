@@ -11,6 +11,7 @@ linear layers run in oneDNN, blocks/batched_linear.py, and their attention once 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -50,11 +51,13 @@ def check_device(device: str) -> None:
 
 
 class ComputeWorker:
-    def __init__(self, device: str = "cpu", name: str = "bloompeer-compute"):
+    def __init__(self, device: str = "cpu", name: str = "bloompeer-compute", max_threads: int | None = None):
+        """max_threads: the most torch threads a pass uses (default: torch's count for this process)."""
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._cpu = torch.device(device).type == "cpu"
-        self._max_threads = torch.get_num_threads()
-        self._threads = None  # what the compute thread is set to (a per-thread OpenMP setting)
+        self._max_threads = max_threads or torch.get_num_threads()
+        self._threads = threading.local()  # .count: what each thread is set to (a per-thread OpenMP setting)
+        self._serial_thread: int | None = None  # the thread make_caller_serial set to one torch thread
         self._single_choice = ThreadChoice(self._max_threads, self._set_threads)
         self._batched_choice = ThreadChoice(self._max_threads, self._set_threads)
 
@@ -74,18 +77,31 @@ class ComputeWorker:
         self._set_threads(1 if not decode and rows <= SINGLE_THREAD_MAX_ROWS else self._max_threads)
         return fn(*args)
 
+    def runs_here(self, rows: int) -> bool:
+        """Whether a lone inference pass of `rows` rows is to run on the calling thread (run_here): on
+        the CPU, called from the serial thread (make_caller_serial), and passes of that size are to run
+        on one thread now (ThreadChoice.choose), as they would on the compute thread."""
+        return (self._cpu and self._serial_thread == threading.get_ident() and rows <= MEASURED_MAX_DECODE_ROWS
+                and self._single_choice.choose(rows) == 1)
+
+    def run_here(self, fn: Callable[..., T], *args, rows: int) -> T:
+        """fn(*args) on the calling thread, timed for the one-thread choice of passes of `rows` rows;
+        only where runs_here said so."""
+        return self._single_choice.run(rows, lambda: fn(*args), threads=1)
+
     def make_caller_serial(self) -> None:
         """Run the calling thread's own torch ops (a server's event loop: reading and checking requests)
         on one thread, so that the compute thread's is the process's only OpenMP team. libgomp gives
         every thread that runs a parallel op a team of its own, and with a second team in the process
         the compute thread's two-thread decode passes took 59-66 ms instead of 42-55 (14 blocks of
         Qwen3-0.6B's shape, 2-core VM, idle). The compute thread sets its own count before every call."""
-        torch.set_num_threads(1)
+        self._set_threads(1)
+        self._serial_thread = threading.get_ident()
 
     def _set_threads(self, threads: int) -> None:
-        if threads != self._threads:
+        if threads != getattr(self._threads, "count", None):
             torch.set_num_threads(threads)
-            self._threads = threads
+            self._threads.count = threads
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

@@ -19,6 +19,13 @@ maxBatchDelay): a pass of inference steps then waits up to that long for the pas
 (`--max-batch-sessions` steps, or `--max-batch-tokens` rows), whichever sessions the steps are of.
 Fewer, fuller passes, at the cost of latency; and a pass that holds its sessions' steps until they
 are all in, whatever the machine's speed (tests/swarm/test_llama_family.py relies on it).
+
+A lone session's short step runs at once on the event loop's own thread (`_runs_now`): nothing
+else waits or runs, its session passed alone last time, that pass took at most RUN_NOW_MAX_PASS_S,
+and the compute thread would run it on one thread too. Its hand-offs to the compute thread and back
+cost more than the rest of the server's work on the step (benchmarks/step_anatomy.py, demo model:
+queue 0.26 and resume 0.30 ms a server of a 10 ms step), while a pass that short holds the loop's
+other work (other sessions' frames, DHT answers) no longer than a busy turn of the loop would.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ logger = logging.getLogger(__name__)
 # Measured (benchmarks/throughput.py, 8 light sessions, 12 blocks of hidden 1024): without the wait
 # the sessions ran as two alternating groups (4.0 requests per pass).
 GATHER_SHARE = 0.25
+# The longest previous pass after which a lone session's step may run on the event loop's thread.
+RUN_NOW_MAX_PASS_S = 0.005
 
 
 class Priority(IntEnum):
@@ -76,6 +85,13 @@ class _Work:
     submitted: float = field(compare=False, default=0.0)  # time.perf_counter() when queued
     started: float = field(compare=False, default=0.0)  # its pass on the compute thread
     ended: float = field(compare=False, default=0.0)
+
+
+@dataclass(frozen=True)
+class _Pass:
+    sessions: frozenset[str]
+    seconds: float
+    rows: int
 
 
 def _prompts_within(prompts: torch.Tensor | None, begin: int, end: int) -> torch.Tensor | None:
@@ -111,7 +127,7 @@ class Scheduler:
         self._queue: list[_Work] = []
         self._ready = asyncio.Event()
         self._arrived = asyncio.Event()  # set by every submission: what a gathering wait waits on
-        self._last_pass: dict[tuple, tuple[frozenset[str], float]] = {}  # group -> (its sessions, seconds)
+        self._last_pass: dict[tuple, _Pass] = {}  # an inference group's last pass
         self._order = itertools.count()
         self._stopped = False
         self._idle = asyncio.Event()  # set while no pass runs
@@ -215,12 +231,44 @@ class Scheduler:
     async def _submit(self, work: _Work) -> torch.Tensor:
         if self._stopped:
             raise _moved_away()
+        if self._runs_now(work):
+            return self._run_now(work)
         work.future = asyncio.get_running_loop().create_future()
         work.submitted = time.perf_counter()
         heapq.heappush(self._queue, work)
         self._ready.set()
         self._arrived.set()
         return await work.future
+
+    def _runs_now(self, work: _Work) -> bool:
+        """Whether `work` is a lone session's short step to run on this thread now (the module's docstring
+        says why). Asked only while no pass runs, so the compute thread's choice is this thread's to consult."""
+        if work.segment is None or self._queue or not self._idle.is_set() or self.batch_wait_s:
+            return False
+        previous = self._last_pass.get(work.group)
+        return (previous is not None and previous.sessions == {work.session} and work.rows <= previous.rows
+                and previous.seconds <= RUN_NOW_MAX_PASS_S and self.compute.runs_here(work.rows))
+
+    def _run_now(self, work: _Work) -> torch.Tensor:
+        work.submitted = started = time.perf_counter()
+        self._idle.clear()
+        try:
+            (output, error), = self.compute.run_here(self._execute, [work], rows=work.rows)
+        finally:
+            self._idle.set()
+        self._account([work], work.rows, started)
+        if error is not None:
+            raise error
+        return output
+
+    def _account(self, batch: list[_Work], rows: int, started: float) -> None:
+        """Note a pass that ran `batch` from `started` (a time.perf_counter()) until now."""
+        if batch[0].segment is not None:
+            self._last_pass[batch[0].group] = _Pass(frozenset(work.session for work in batch),
+                                                    time.perf_counter() - started, rows)
+        self.batches_run += 1
+        self.requests_run += len(batch)
+        self.metrics.count_pass(batch[0].priority.name.lower(), len(batch), rows)
 
     async def _gather(self) -> None:
         """Wait (briefly) for the sessions of the previous pass of the first work's group that have
@@ -232,7 +280,7 @@ class Scheduler:
         previous = self._last_pass.get(first.group)
         if previous is None and not self.batch_wait_s:
             return
-        sessions, duration_s = previous or (frozenset(), 0.0)
+        sessions, duration_s = (previous.sessions, previous.seconds) if previous else (frozenset(), 0.0)
         deadline = time.perf_counter() + max(GATHER_SHARE * duration_s, self.batch_wait_s)
         while not self._stopped:
             queued = [work for work in self._queue if work.group == first.group]
@@ -300,12 +348,7 @@ class Scheduler:
                                                 decode=batch[0].segment is not None, batched=len(batch) > 1)
             finally:
                 self._idle.set()
-            if batch[0].segment is not None:
-                self._last_pass[batch[0].group] = (frozenset(work.session for work in batch),
-                                                   time.perf_counter() - started)
-            self.batches_run += 1
-            self.requests_run += len(batch)
-            self.metrics.count_pass(batch[0].priority.name.lower(), len(batch), rows)
+            self._account(batch, rows, started)
             for work, (output, error) in zip(batch, results):
                 if work.future.done():
                     continue

@@ -73,10 +73,10 @@ class ThreadChoice:
         self.others_free = True  # whether the other cores looked free during the last one-thread pass
         self._others_ticks_per_s = os.sysconf("SC_CLK_TCK") * ((os.cpu_count() or 1) - 1)
 
-    def run(self, rows: int, fn: Callable[[], T]) -> T:
-        """fn() on the thread count chosen for a pass of `rows`, timed and recorded; a pass on one
-        thread also says whether the other cores are free."""
-        threads = self.choose(rows)
+    def run(self, rows: int, fn: Callable[[], T], threads: int | None = None) -> T:
+        """fn() on `threads` (by default the count chosen for a pass of `rows`), timed and recorded; a
+        pass on one thread also says whether the other cores are free."""
+        threads = self.choose(rows) if threads is None else threads
         self._set_threads(threads)
         idle_before = _idle_ticks() if threads == 1 else None
         started = time.perf_counter()
