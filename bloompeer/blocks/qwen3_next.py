@@ -2,9 +2,9 @@
 DeltaNet (gated_deltanet.py), as `layer_types` says, each block as transformers' Qwen3NextDecoderLayer
 computes it.
 
-Stated as its differences from the Llama family: its full-attention blocks are llama.py's `qwen3_next`
-variant (a gated query, partial rotary, the zero-centred RMSNorm, Qwen2-MoE's experts with a shared
-expert); a `linear_attention` block is the same block with `linear_attn` where `self_attn` would be,
+Stated as its differences from the Llama family: its full-attention blocks are the Llama family's with
+the `qwen3_next` variant below (Qwen3's, with a gated query, partial rotary, the zero-centred RMSNorm,
+Qwen2-MoE's experts with a shared expert); a `linear_attention` block is the same block with `linear_attn` where `self_attn` would be,
 which keeps a per-session state (its `RecurrentLayout`, kept in the session cache's `recurrent`) rather
 than keys and values per token. The multi-token-prediction head (`mtp.*`) is not a block: nobody reads it.
 """
@@ -19,10 +19,19 @@ from torch import nn
 
 from .gated_deltanet import DeltaNetSegment, GatedDeltaNet, recurrent_layout
 from .kv_cache import Layout
-from .llama import LLAMA, LlamaSpan, _AttentionInputs, _PassAttention, norm_of
+from .attention_inputs import AttentionInputs, PassAttention
+from .llama import LLAMA, LlamaSpan, Variant, client_modules, norm_of, qwen_moe_experts, qwen_moe_mlp, variant_of
 from .span import Linear, Segment
 
 __all__ = ["QWEN3_NEXT", "LinearAttentionBlock", "Qwen3NextSpan"]
+
+
+_VARIANTS = {
+    # Qwen3's full attention with a gated query, partial rotary and the zero-centred norm; Qwen2-MoE's experts
+    "qwen3_next": lambda c: replace(variant_of(c, "qwen3"), partial_rotary=True, zero_centred_norm=True,
+                                    gated_query=True, experts=qwen_moe_experts,
+                                    make_mlp=lambda config, i: qwen_moe_mlp(config, i, shared=True)),
+}
 
 
 def is_linear(config, layer_idx: int) -> bool:
@@ -44,7 +53,7 @@ class LinearAttentionBlock(nn.Module):
         return self.mlp
 
 
-class _HybridInputs(_AttentionInputs):
+class _HybridInputs(AttentionInputs):
     """A segment's attention inputs, and its part of a Gated DeltaNet pass: its rows, its session's
     recurrent state and its new tokens' padding."""
 
@@ -57,6 +66,10 @@ class _HybridInputs(_AttentionInputs):
 
 class Qwen3NextSpan(LlamaSpan):
     """Blocks [start, end) of a Qwen3-Next model."""
+
+    @classmethod
+    def variant_for(cls, config) -> Variant:
+        return _VARIANTS[config.model_type](config)
 
     @classmethod
     def check_config(cls, config) -> None:
@@ -78,7 +91,7 @@ class Qwen3NextSpan(LlamaSpan):
     def attention_inputs(self, segment: Segment) -> _HybridInputs:
         return _HybridInputs(segment, self.rope, self._windows)
 
-    def block_forward(self, block: nn.Module, hidden: torch.Tensor, attention: _PassAttention,
+    def block_forward(self, block: nn.Module, hidden: torch.Tensor, attention: PassAttention,
                       rows: list[int], linear: Linear) -> torch.Tensor:
         """Qwen3NextDecoderLayer.forward: a linear block mixes with Gated DeltaNet, each segment from its own
         state; a full-attention block is the Llama family's."""
@@ -91,5 +104,6 @@ class Qwen3NextSpan(LlamaSpan):
 
 QWEN3_NEXT = replace(
     LLAMA, name="qwen3_next", config_classes={"qwen3_next": "Qwen3NextConfig"}, span_class=Qwen3NextSpan,
-    client=replace(LLAMA.client, class_name="Qwen3Next", pretrained_model="Qwen3NextPreTrainedModel"),
+    client=replace(LLAMA.client, class_name="Qwen3Next", pretrained_model="Qwen3NextPreTrainedModel",
+                   make_modules=client_modules(Qwen3NextSpan)),
 )
