@@ -48,8 +48,8 @@ from .rms_norm import RMSNorm, ZeroCentredRMSNorm
 from .rope import rope_frequencies, rotate_half
 from .span import BlockSpan, Linear, Segment
 
-__all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "SwiGLU", "Variant", "client_modules", "qwen_moe_experts", "qwen_moe_mlp",
-           "variant_of"]
+__all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "SwiGLU", "Variant", "client_modules", "qwen_experts_mlp",
+           "qwen_moe_experts", "qwen_moe_mlp", "variant_of"]
 
 
 @dataclass(frozen=True)
@@ -106,14 +106,18 @@ def _mixtral_mlp(config, layer_idx: int) -> nn.Module:
 
 
 def qwen_moe_mlp(config, layer_idx: int, shared: bool = False) -> nn.Module | None:
-    """A sparse layer's MLP, experts of moe_intermediate_size (Qwen2-MoE adds a shared expert); None for a
-    dense layer."""
+    """A sparse layer's MLP (Qwen2-MoE adds a shared expert); None for a dense layer."""
     if not qwen_moe_experts(config, layer_idx)[0]:
         return None
+    return qwen_experts_mlp(config, shared, config.norm_topk_prob)
+
+
+def qwen_experts_mlp(config, shared: bool, renormalize: bool) -> nn.Module:
+    """Qwen's sparse MLP: a softmax router, experts of moe_intermediate_size, maybe a shared expert."""
     experts = [SwiGLU(config.hidden_size, config.moe_intermediate_size) for _ in range(config.num_experts)]
     shared_expert = SwiGLU(config.hidden_size, config.shared_expert_intermediate_size) if shared else None
     return SparseMoe("gate", Router(config.hidden_size, config.num_experts), experts, config.num_experts_per_tok,
-                     softmax_then_top_k(config.norm_topk_prob, weights_dtype_of_logits=True), shared_expert)
+                     softmax_then_top_k(renormalize, weights_dtype_of_logits=True), shared_expert)
 
 
 def _gpt_oss_mlp(config, layer_idx: int) -> nn.Module:
