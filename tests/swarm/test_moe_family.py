@@ -6,8 +6,10 @@ GptOssForCausalLM) on the same weights in float32, loaded with `experts_implemen
 Every checkpoint of MOE_FAMILY (tests/conftest.py) is served by two servers (blocks 0:2 and 2:4) on
 the shared bootstrap peer, all started at once. The prompts run past Mixtral's window (5 tokens) and
 gpt-oss's (4, every other layer). What needs servers of its own (a kill) gets a copy of the Qwen3-MoE
-checkpoint under another name. Qwen3-Next (QWEN3_NEXT: Gated DeltaNet blocks with a recurrent state per
-session beside a gated-attention block, Qwen2-MoE's experts) gets two servers of its own.
+checkpoint under another name. The hybrids, Qwen3-Next (QWEN3_NEXT: Gated DeltaNet blocks with a recurrent
+state per session beside a gated-attention block, Qwen2-MoE's experts) and Qwen3.5-MoE (its text model, served
+from a multimodal checkpoint in the published layout, tests/helpers/qwen3_5.py), get two servers each, all four
+started at once, and the same checks (`hybrid`).
 """
 
 from __future__ import annotations
@@ -392,30 +394,47 @@ def test_the_api_chats_with_gpt_oss_through_its_chat_template(moe_servers, swarm
         assert choice.logprobs.token_logprobs[1:] == pytest.approx(wanted, abs=1e-4)
 
 
+HYBRIDS = ["qwen3_next", "qwen3_5_moe"]
+
+
 @pytest.fixture(scope="module")
-def qwen3_next(swarm, qwen3_next_checkpoint):
-    """(our Qwen3-Next through two servers of its own, blocks 0:2 and 2:4; transformers' model): Gated DeltaNet
+def hybrid_checkpoints(qwen3_next_checkpoint, qwen3_5_checkpoints):
+    """Qwen3-Next's checkpoint and Qwen3.5-MoE's multimodal one (its text model served)."""
+    return {"qwen3_next": qwen3_next_checkpoint, "qwen3_5_moe": qwen3_5_checkpoints["qwen3_5_moe"]}
+
+
+@pytest.fixture(scope="module")
+def hybrid_servers(swarm, hybrid_checkpoints):
+    """name -> two servers of that hybrid's own, blocks 0:2 and 2:4, all four started at once: Gated DeltaNet
     blocks keep a recurrent state per session on both servers (block 3 attention on the second)."""
-    servers = [swarm.add_server(start, end, model=qwen3_next_checkpoint, wait=False, name=f"qwen3_next-{start}-{end}")
-               for start, end in [(0, 2), (2, 4)]]
+    servers = {name: [swarm.add_server(start, end, model=path, wait=False, name=f"{name}-{start}-{end}")
+                      for start, end in [(0, 2), (2, 4)]] for name, path in hybrid_checkpoints.items()}
     try:
         deadline = time.monotonic() + 180
-        for server in servers:
+        for server in [server for pair in servers.values() for server in pair]:
             server.wait_online(deadline)
-        trusted = tuple(server.peer_id_str for server in servers)
-        config = _client_config(swarm, trusted_servers=trusted)
-        with AutoDistributedModelForCausalLM.from_pretrained(qwen3_next_checkpoint, client_config=config) as ours:
-            yield ours, _reference(qwen3_next_checkpoint)
+        yield servers
     finally:
-        stop_in_parallel(servers)
+        stop_in_parallel([server for pair in servers.values() for server in pair])
+
+
+@pytest.fixture(scope="module", params=HYBRIDS)
+def hybrid(request, swarm, hybrid_servers, hybrid_checkpoints):
+    """(the hybrid's name, our model of it through its two servers, transformers' model: Qwen3NextForCausalLM,
+    Qwen3_5MoeForCausalLM, which AutoModelForCausalLM reads from the multimodal checkpoint)."""
+    name, path = request.param, hybrid_checkpoints[request.param]
+    trusted = tuple(server.peer_id_str for server in hybrid_servers[name])
+    config = _client_config(swarm, trusted_servers=trusted)
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=config) as ours:
+        yield name, ours, _reference(path)
 
 
 @torch.inference_mode()
-def test_qwen3_next_greedy_and_speculative_decoding_equal_transformers_greedy(qwen3_next, rewinds):
-    """Greedy tokens through the swarm equal transformers' greedy (Qwen3NextForCausalLM); prompt lookup's and a
-    draft model's rejected proposals roll each server's recurrent state back exactly, so their tokens equal
-    greedy's too (transformers' own prompt lookup does not roll its state back, and differs)."""
-    ours, reference = qwen3_next
+def test_hybrid_greedy_and_speculative_decoding_equal_transformers_greedy(hybrid, rewinds):
+    """Greedy tokens through the swarm equal transformers' greedy; prompt lookup's and a draft model's rejected
+    proposals roll each server's recurrent state back exactly, so their tokens equal greedy's too (transformers'
+    own prompt lookup does not roll its state back, and differs)."""
+    _, ours, reference = hybrid
     assert isinstance(ours, DistributedQwen3NextForCausalLM)
     prompt = torch.cat([PROMPT, PROMPT[:, 1:]], dim=1)  # repeats itself, so prompt lookup has proposals
     expected = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
@@ -436,10 +455,10 @@ def test_qwen3_next_greedy_and_speculative_decoding_equal_transformers_greedy(qw
 
 
 @torch.inference_mode()
-def test_qwen3_next_left_padded_batch_and_beam_search(qwen3_next):
+def test_hybrid_left_padded_batch_and_beam_search(hybrid):
     """Padding leaves a row's recurrent state as it was (zeroed inputs, as transformers does); beam search
     reorders each server's states with its keys and values."""
-    ours, reference = qwen3_next
+    _, ours, reference = hybrid
     greedy = dict(attention_mask=PADDED_MASK, max_new_tokens=10, do_sample=False, pad_token_id=0)
     assert ours.generate(PADDED, **greedy).tolist() == reference.generate(PADDED, **greedy).tolist()
     beams = greedy | dict(num_beams=3)
@@ -448,36 +467,40 @@ def test_qwen3_next_left_padded_batch_and_beam_search(qwen3_next):
 
 @torch.inference_mode()
 @pytest.mark.parametrize("length", [16, 70])
-def test_qwen3_next_teacher_forced_logits_within_1e_4(qwen3_next, length):
+def test_hybrid_teacher_forced_logits_within_1e_4(hybrid, length):
     """A full forward of a text shorter and one longer than the delta rule's 64-token chunk."""
-    ours, reference = qwen3_next
+    _, ours, reference = hybrid
     ids = torch.randint(4, 250, (2, length), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(ours(ids).logits, reference(ids).logits, rtol=0, atol=1e-4)
 
 
+@pytest.fixture(params=HYBRIDS)
+def own_hybrid(request, hybrid_checkpoints, tmp_path):
+    """(a copy of a hybrid's checkpoint under a name of its own, so that its servers serve no other test;
+    transformers' model of it)."""
+    path = tmp_path / f"{request.param}-{time.monotonic_ns() % 10**8}"
+    shutil.copytree(hybrid_checkpoints[request.param], path)
+    return path, _reference(hybrid_checkpoints[request.param])
+
+
 @torch.inference_mode()
-def test_qwen3_next_server_killed_mid_generation_is_replayed_around(start_servers, swarm, qwen3_next_checkpoint,
-                                                                   tmp_path):
+def test_hybrid_server_killed_mid_generation_is_replayed_around(start_servers, swarm, own_hybrid):
     """The replacement server rebuilds its recurrent states from the replayed history."""
-    path = tmp_path / f"qwen3_next-{time.monotonic_ns() % 10**8}"
-    shutil.copytree(qwen3_next_checkpoint, path)
-    assert_replayed_around_a_kill(start_servers, swarm, path, _reference(qwen3_next_checkpoint))
+    assert_replayed_around_a_kill(start_servers, swarm, *own_hybrid)
 
 
 @torch.inference_mode()
-def test_qwen3_next_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, swarm,
-                                                                         qwen3_next_checkpoint, tmp_path):
+def test_hybrid_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, swarm, own_hybrid):
     """Each pass holds a step of each session, every one from its own recurrent state."""
-    path = tmp_path / f"qwen3_next-{time.monotonic_ns() % 10**8}"
-    shutil.copytree(qwen3_next_checkpoint, path)
-    assert_eight_sessions_batched_equal_alone(start_servers, swarm, path, _reference(qwen3_next_checkpoint))
+    assert_eight_sessions_batched_equal_alone(start_servers, swarm, *own_hybrid)
 
 
-def test_qwen3_next_prompt_tuning_gradients_equal_local_autograd(qwen3_next, swarm, qwen3_next_checkpoint):
+def test_hybrid_prompt_tuning_gradients_equal_local_autograd(hybrid, swarm, hybrid_checkpoints):
     """Deep prompts through Gated DeltaNet blocks: the servers' backward (the forward recomputed with autograd,
-    the chunked rule) gives local autograd's gradients, within 1e-5 of the largest: measured 2.2e-6 (one element
-    of 192 past the dense families' 2e-6; the rule's chunked products and their autograd sum in other orders)."""
-    _, reference = qwen3_next
-    with DistributedQwen3NextForCausalLM.from_pretrained(qwen3_next_checkpoint, client_config=_client_config(swarm),
+    the chunked rule) gives local autograd's gradients, within 1e-5 of the largest: measured 2.2e-6 for
+    Qwen3-Next (one element of 192 past the dense families' 2e-6; the rule's chunked products and their autograd
+    sum in other orders)."""
+    name, _, reference = hybrid
+    with DistributedQwen3NextForCausalLM.from_pretrained(hybrid_checkpoints[name], client_config=_client_config(swarm),
                                                          tuning_mode="deep_ptune", pre_seq_len=3) as ours:
         assert_prompt_gradients_equal(ours, reference, bound=1e-5)
