@@ -252,14 +252,29 @@ def test_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, sw
     assert_eight_sessions_batched_equal_alone(start_servers, swarm, own_qwen3_moe, references("qwen3_moe"))
 
 
+def _session_prompts() -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(8)
+    return [torch.randint(4, 250, (1, 4 + i), generator=generator) for i in range(SESSIONS)]
+
+
+def assert_concurrent_sessions_equal_alone(ours, reference) -> None:
+    """Eight sessions of different prompt lengths at once through `ours`: each one's tokens equal transformers'
+    alone."""
+    prompts = _session_prompts()
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    expected = [reference.generate(prompt, **kwargs).tolist() for prompt in prompts]
+    with ThreadPoolExecutor(SESSIONS) as pool:
+        together = list(pool.map(lambda prompt: ours.generate(prompt, **kwargs).tolist(), prompts))
+    assert together == expected
+
+
 def assert_eight_sessions_batched_equal_alone(start_servers, swarm, path, reference) -> None:
     """Eight sessions of `path` through one server of its 4 blocks whose every pass holds a step of each: each
     session's tokens equal transformers' alone."""
     (server,) = start_servers([(0, 4)], "--metrics-port", "0", "--max-batch-sessions", str(SESSIONS),
                               "--batch-wait", str(BATCH_WAIT_S), model=path)
     url = next(line for line in server.stdout if line.startswith("metrics: ")).split(" ", 1)[1]
-    generator = torch.Generator().manual_seed(8)
-    prompts = [torch.randint(4, 250, (1, 4 + i), generator=generator) for i in range(SESSIONS)]
+    prompts = _session_prompts()
     kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)  # steps in rounds of 8
     expected = [reference.generate(p, **kwargs).tolist() for p in prompts]
     before = scrape(url)
@@ -484,15 +499,47 @@ def own_hybrid(request, hybrid_checkpoints, tmp_path):
 
 
 @torch.inference_mode()
+@pytest.mark.parametrize("own_hybrid", ["qwen3_next"], indirect=True)
 def test_hybrid_server_killed_mid_generation_is_replayed_around(start_servers, swarm, own_hybrid):
     """The replacement server rebuilds its recurrent states from the replayed history."""
     assert_replayed_around_a_kill(start_servers, swarm, *own_hybrid)
 
 
 @torch.inference_mode()
+@pytest.mark.parametrize("own_hybrid", ["qwen3_next"], indirect=True)
 def test_hybrid_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, swarm, own_hybrid):
     """Each pass holds a step of each session, every one from its own recurrent state."""
     assert_eight_sessions_batched_equal_alone(start_servers, swarm, *own_hybrid)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("own_hybrid", ["qwen3_5_moe"], indirect=True)
+def test_hybrid_eight_sessions_at_once_and_a_server_killed_under_them(start_servers, swarm, own_hybrid):
+    """Qwen3.5-MoE: both of the checks above in one set of servers (CI time): eight sessions at once, two servers
+    for each half; one session kills its first span's server at its 4th token, every session on it replays its
+    history to the other (which rebuilds their recurrent states), and each session's tokens equal transformers'
+    alone, however the servers batched their steps."""
+    path, reference = own_hybrid
+    servers = start_servers([(0, 2), (2, 4), (0, 2), (2, 4)], model=path)
+    prompts = _session_prompts()
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    expected = [reference.generate(prompt, **kwargs).tolist() for prompt in prompts]
+    victims = []
+
+    def kill_the_first_span():
+        peer = ours.active_session.route[0].peer_id_str  # this thread's session's
+        victims.append(next(server for server in servers if server.peer_id_str == peer))
+        victims[0].signal(signal.SIGKILL)
+
+    def generate(index):
+        killing = LogitsProcessorList([AtCall(4, kill_the_first_span)] if index == 0 else [])
+        return ours.generate(prompts[index], logits_processor=killing, **kwargs).tolist()
+
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm)) as ours:
+        with ThreadPoolExecutor(SESSIONS) as pool:
+            together = list(pool.map(generate, range(SESSIONS)))
+    assert victims and victims[0].process.wait(timeout=30) != 0
+    assert together == expected
 
 
 def test_hybrid_prompt_tuning_gradients_equal_local_autograd(hybrid, swarm, hybrid_checkpoints):
