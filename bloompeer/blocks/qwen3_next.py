@@ -6,7 +6,8 @@ Stated as its differences from the Llama family: its full-attention blocks are t
 the `qwen3_next` variant below (Qwen3's, with a gated query, partial rotary, the zero-centred RMSNorm,
 Qwen2-MoE's experts with a shared expert); a `linear_attention` block is the same block with
 `linear_attn` where `self_attn` would be, which keeps a per-session state (its `RecurrentLayout`, kept
-in the session cache's `recurrent`) rather than keys and values per token. The multi-token-prediction head (`mtp.*`) is not a block: nobody reads it.
+in the session cache's `recurrent`) rather than keys and values per token. The multi-token-prediction
+head (`mtp.*`) is not a block: nobody reads it.
 
 Qwen3.5 is Qwen3-Next with, read from transformers 5.25's modular_qwen3_5.py and modular_qwen3_5_moe.py:
 - its Gated DeltaNet's projections apart and in plain order (`Qwen35GatedDeltaNet`);
@@ -28,9 +29,9 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from .attention_inputs import AttentionInputs, PassAttention
 from .gated_deltanet import DeltaNetSegment, GatedDeltaNet, Qwen35GatedDeltaNet, recurrent_layout
 from .kv_cache import Layout
-from .attention_inputs import AttentionInputs, PassAttention
 from .llama import (
     LLAMA, LlamaSpan, Variant, client_modules, norm_of, qwen_experts_mlp, qwen_moe_experts, qwen_moe_mlp, variant_of,
 )
@@ -39,7 +40,8 @@ from .span import Linear, Segment
 __all__ = ["QWEN3_NEXT", "LinearAttentionBlock", "Qwen3NextSpan"]
 
 
-def _every_layer_sparse(config, layer_idx: int) -> tuple[int, int]:
+def _qwen3_5_moe_experts(config, layer_idx: int) -> tuple[int, int]:
+    """Qwen3.5-MoE: every layer routes to num_experts_per_tok of num_experts."""
     return config.num_experts, config.num_experts_per_tok
 
 
@@ -51,7 +53,7 @@ _VARIANTS = {
 }
 _VARIANTS |= {  # Qwen3.5's text models, as Qwen3-Next's differences (the module's docstring)
     "qwen3_5_text": lambda c: replace(_VARIANTS["qwen3_next"](c), experts=None, make_mlp=None),
-    "qwen3_5_moe_text": lambda c: replace(_VARIANTS["qwen3_next"](c), experts=_every_layer_sparse,
+    "qwen3_5_moe_text": lambda c: replace(_VARIANTS["qwen3_next"](c), experts=_qwen3_5_moe_experts,
                                           make_mlp=lambda config, i: qwen_experts_mlp(config, True, renormalize=True)),
 }
 # each model type's Gated DeltaNet layer

@@ -24,8 +24,8 @@ from .conftest import AtCall
 from .test_server_metrics import scrape, value
 
 __all__ = [
-    "BATCH_WAIT_S", "NEW_TOKENS", "PADDED", "PADDED_MASK", "PROMPT", "SESSIONS", "assert_concurrent_sessions_equal_alone",
-    "assert_eight_sessions_batched_equal_alone", "assert_greedy_equal", "assert_padded_batch_and_beam_search_equal",
+    "BATCH_WAIT_S", "NEW_TOKENS", "PADDED", "PADDED_MASK", "PROMPT", "SESSIONS",
+    "assert_concurrent_sessions_equal_alone", "assert_eight_sessions_batched_equal_alone", "assert_greedy_equal", "assert_padded_batch_and_beam_search_equal",
     "assert_replayed_around_a_kill", "assert_speculative_equals_greedy", "client_config", "first_block_draft",
     "session_prompts", "started_servers",
 ]
