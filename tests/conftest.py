@@ -153,6 +153,17 @@ def qwen3_next_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen3_5_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """Qwen3.5's and Qwen3.5-MoE's multimodal checkpoints in their published layout (tests/helpers/qwen3_5.py), by
+    model type ("qwen3_5", "qwen3_5_moe"), 4 text blocks of hidden 64."""
+    from .helpers.qwen3_5 import write_qwen3_5_checkpoint
+
+    root = tmp_path_factory.mktemp("qwen3-5")
+    return {name: write_qwen3_5_checkpoint(root / name, name, num_blocks=TINY_BLOCKS) for name in ("qwen3_5",
+                                                                                                   "qwen3_5_moe")}
+
+
+@pytest.fixture(scope="session")
 def kimi_k25_checkpoint(tmp_path_factory) -> Path:
     """Kimi K2.5's multimodal checkpoint in its published layout (tests/helpers/kimi_k25.py), whose text model is
     DEEPSEEK_FAMILY's deepseek_v3 (a query LoRA, YaRN, group-limited routing, a correction bias), with weights of

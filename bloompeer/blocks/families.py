@@ -30,6 +30,10 @@ MULTIMODAL_CHECKPOINTS: dict[str, TextModelOf] = {
     # Kimi K2.5: a DeepSeek-V3 text model (text_config, whose "kimi_k2" transformers reads as deepseek_v3), its
     # tensors under language_model.model.* and language_model.lm_head
     "kimi_k25": TextModelOf(renames=(("language_model.", ""),)),
+    # Qwen3.5 and Qwen3.5-MoE: qwen3_5_text / qwen3_5_moe_text text models (text_config), their tensors under
+    # model.language_model.* beside model.visual.* (and mtp.*), the head at lm_head
+    "qwen3_5": TextModelOf(renames=(("model.language_model.", "model."),)),
+    "qwen3_5_moe": TextModelOf(renames=(("model.language_model.", "model."),)),
 }
 
 

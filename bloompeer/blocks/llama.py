@@ -15,9 +15,9 @@ expert, gpt-oss Llama with biases, attention sinks, alternating windows and its 
 DeepSeek-V3 is Llama with multi-head latent attention (mla.py, which caches a latent, not keys and
 values) and DeepSeek's experts (a group-limited sigmoid router, shared experts, dense first layers);
 GLM-4.5 is those experts on Llama's attention with partial rotary, biases and optional q/k norms.
-Qwen3-Next's full-attention blocks are Qwen3's with a gated query (q_proj's per-head query and gate,
-the output times sigmoid(gate)), partial rotary, the zero-centred (1 + w) RMSNorm and Qwen2-MoE's
-experts; its linear-attention blocks are qwen3_next.py's.
+The hybrids (Qwen3-Next, Qwen3.5) state their variants in qwen3_next.py, from two differences named
+here: a gated query (q_proj's per-head query and gate, the output times sigmoid(gate)) and the
+zero-centred (1 + w) RMSNorm.
 
 Attention (attention.py) is PyTorch's scaled_dot_product_attention with an explicit mask (a session's
 padding, causality and window), or gpt-oss's with sinks; neither copies the keys and values.
@@ -28,27 +28,28 @@ not, as `tie_word_embeddings` says).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import as_key_bias, attention_with_sinks, grouped_attention
+from .attention import attention_with_sinks, grouped_attention
+from .attention_inputs import AttentionInputs, PassAttention
 from .family import ClientParts, ModelFamily
-from .kv_cache import CacheLayout, token_positions
-from .mla import LatentAttention, latent_layout
+from .kv_cache import CacheLayout
+from .mla import LatentAttention, check_latent_config, latent_layout
 from .moe import (
     GptOssExpert, GroupLimitedRouter, MixtralExpert, Router, SparseMoe, softmax_then_top_k, split_fused_experts,
     top_k_then_softmax,
 )
 from .rms_norm import RMSNorm, ZeroCentredRMSNorm
-from .rope import RotaryFrequencies, rope_frequencies, rotate_half
-from .span import BlockSpan, Linear, Segment, allowed_keys
+from .rope import rope_frequencies, rotate_half
+from .span import BlockSpan, Linear, Segment
 
-__all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "SwiGLU", "Variant", "variant_of"]
+__all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "SwiGLU", "Variant", "client_modules", "qwen_experts_mlp",
+           "qwen_moe_experts", "qwen_moe_mlp", "variant_of"]
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def _every_layer_sparse(config, layer_idx: int) -> tuple[int, int]:
     return config.num_local_experts, config.num_experts_per_tok
 
 
-def _qwen_moe_experts(config, layer_idx: int) -> tuple[int, int]:
+def qwen_moe_experts(config, layer_idx: int) -> tuple[int, int]:
     """Qwen2/Qwen3-MoE: sparse where `decoder_sparse_step` says and not in `mlp_only_layers`, else dense."""
     if layer_idx in config.mlp_only_layers or not config.num_experts or (layer_idx + 1) % config.decoder_sparse_step:
         return 0, 0
@@ -104,15 +105,19 @@ def _mixtral_mlp(config, layer_idx: int) -> nn.Module:
                      config.num_experts_per_tok, softmax_then_top_k(renormalize=True, weights_dtype_of_logits=False))
 
 
-def _qwen_moe_mlp(config, layer_idx: int, shared: bool = False) -> nn.Module | None:
-    """A sparse layer's MLP, experts of moe_intermediate_size (Qwen2-MoE adds a shared expert); None for a
-    dense layer."""
-    if not _qwen_moe_experts(config, layer_idx)[0]:
+def qwen_moe_mlp(config, layer_idx: int, shared: bool = False) -> nn.Module | None:
+    """A sparse layer's MLP (Qwen2-MoE adds a shared expert); None for a dense layer."""
+    if not qwen_moe_experts(config, layer_idx)[0]:
         return None
+    return qwen_experts_mlp(config, shared, config.norm_topk_prob)
+
+
+def qwen_experts_mlp(config, shared: bool, renormalize: bool) -> nn.Module:
+    """Qwen's sparse MLP: a softmax router, experts of moe_intermediate_size, maybe a shared expert."""
     experts = [SwiGLU(config.hidden_size, config.moe_intermediate_size) for _ in range(config.num_experts)]
     shared_expert = SwiGLU(config.hidden_size, config.shared_expert_intermediate_size) if shared else None
     return SparseMoe("gate", Router(config.hidden_size, config.num_experts), experts, config.num_experts_per_tok,
-                     softmax_then_top_k(config.norm_topk_prob, weights_dtype_of_logits=True), shared_expert)
+                     softmax_then_top_k(renormalize, weights_dtype_of_logits=True), shared_expert)
 
 
 def _gpt_oss_mlp(config, layer_idx: int) -> nn.Module:
@@ -153,9 +158,9 @@ _VARIANTS = {
 _VARIANTS |= {  # the mixtures of experts, each as its dense base's differences
     "mixtral": lambda c: replace(_VARIANTS["mistral"](c), mlp_name="block_sparse_moe", make_mlp=_mixtral_mlp,
                                  experts=_every_layer_sparse),
-    "qwen2_moe": lambda c: replace(_VARIANTS["qwen2"](c), qkv_bias=c.qkv_bias, experts=_qwen_moe_experts,
-                                   make_mlp=lambda config, i: _qwen_moe_mlp(config, i, shared=True)),
-    "qwen3_moe": lambda c: replace(_VARIANTS["qwen3"](c), make_mlp=_qwen_moe_mlp, experts=_qwen_moe_experts),
+    "qwen2_moe": lambda c: replace(_VARIANTS["qwen2"](c), qkv_bias=c.qkv_bias, experts=qwen_moe_experts,
+                                   make_mlp=lambda config, i: qwen_moe_mlp(config, i, shared=True)),
+    "qwen3_moe": lambda c: replace(_VARIANTS["qwen3"](c), make_mlp=qwen_moe_mlp, experts=qwen_moe_experts),
     "gpt_oss": lambda c: Variant(qkv_bias=c.attention_bias, o_bias=c.attention_bias, windows=_layer_windows(c),
                                  sinks=True, norm_weight_first=True, make_mlp=_gpt_oss_mlp,
                                  experts=_every_layer_sparse,
@@ -164,14 +169,13 @@ _VARIANTS |= {  # the mixtures of experts, each as its dense base's differences
                                      cache_layout=latent_layout, make_mlp=_deepseek_mlp, experts=_deepseek_experts),
     "glm4_moe": lambda c: Variant(qkv_bias=c.attention_bias, qk_norm=c.use_qk_norm,
                                   windows=(None,) * c.num_hidden_layers, partial_rotary=True, make_mlp=_deepseek_mlp, experts=_deepseek_experts),
-    "qwen3_next": lambda c: replace(_VARIANTS["qwen3"](c), partial_rotary=True, zero_centred_norm=True,
-                                    gated_query=True, experts=_qwen_moe_experts,
-                                    make_mlp=lambda config, i: _qwen_moe_mlp(config, i, shared=True)),
 }
 
 
-def variant_of(config) -> Variant:
-    return _VARIANTS[config.model_type](config)
+def variant_of(config, model_type: str | None = None) -> Variant:
+    """The variant of `config` (as the variant `model_type` would read it, if given: a variant of another
+    module states its differences from one of these)."""
+    return _VARIANTS[model_type or config.model_type](config)
 
 
 def head_dim_of(config) -> int:
@@ -236,58 +240,29 @@ class LlamaBlock(nn.Module):
         return self._modules[self.mlp_name]
 
 
-class _AttentionInputs:
-    """Per-segment inputs of every block's attention: rotation cos/sin, and the key biases by window."""
-
-    def __init__(self, segment: Segment, rope: RotaryFrequencies, windows: set[int | None]):
-        batch, num_new, _ = segment.hidden.shape
-        mask, cache = segment.full_padding_mask, segment.cache
-        positions = token_positions(mask)[:, -num_new:]  # [batch, num_new]
-        seen_length = None
-        if rope.rope_type == "dynamic":
-            seen_length = rope.dynamic_length(cache.rope_length if cache else None, int(positions.max()) + 1)
-            if cache is not None:
-                cache.rope_length = seen_length
-        cos, sin = rope.cos_sin(positions, segment.hidden.dtype, seen_length)
-        self.batch, self.num_new, self.cache = batch, num_new, cache
-        self.cos, self.sin = cos[:, :, None], sin[:, :, None]  # [batch, num_new, 1, head_dim]: broadcast over heads
-        self.key_bias = {window: as_key_bias(allowed_keys(mask, num_new, window), segment.hidden.dtype)
-                         for window in windows}
-
-
-class _PassAttention(list):
-    """Every segment's _AttentionInputs, with the rotation of all the pass's rows at once: one segment's
-    cos/sin as they are, several segments' joined into [rows, 1, head_dim] (made once per pass), so that
-    q/k norms and rotation run once per block rather than once per segment and block."""
-
-    def __init__(self, inputs: list[_AttentionInputs]):
-        super().__init__(inputs)
-        if len(inputs) == 1:
-            self.cos, self.sin = inputs[0].cos, inputs[0].sin
-        else:
-            self.cos = torch.cat([segment.cos.flatten(0, 1) for segment in inputs])
-            self.sin = torch.cat([segment.sin.flatten(0, 1) for segment in inputs])
-
-
 class LlamaSpan(BlockSpan):
     """Blocks [start, end) of a Llama-family model."""
+
+    @classmethod
+    def variant_for(cls, config) -> Variant:
+        """How the model of `config` differs from plain Llama (a span of another module names its own)."""
+        return variant_of(config)
 
     @classmethod
     def check_config(cls, config) -> None:
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not served (the Llama family's is silu)")
-        variant = variant_of(config)
+        variant = cls.variant_for(config)
         rope_frequencies(config, head_dim_of(config), variant.partial_rotary)  # raises for a rope type not served
         if config.num_attention_heads % config.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        if variant.make_attention is LatentAttention and config.num_key_value_heads != config.num_attention_heads:
-            raise ValueError("latent attention expands its keys for every head: num_key_value_heads must equal "
-                             "num_attention_heads, as in DeepSeek-V3's config")
+        if variant.make_attention is LatentAttention:
+            check_latent_config(config)
         if variant.make_mlp is _deepseek_mlp and config.n_routed_experts % config.n_group:
             raise ValueError("n_routed_experts must be a multiple of n_group")
 
     def __init__(self, config, start: int, end: int):
-        self.variant = variant_of(config)
+        self.variant = self.variant_for(config)
         super().__init__(config, start, end)
         self.rope = rope_frequencies(config, self.head_dim, self.variant.partial_rotary)
         self.scale = self.head_dim ** -0.5
@@ -305,7 +280,7 @@ class LlamaSpan(BlockSpan):
 
     @classmethod
     def experts_of(cls, config) -> tuple[tuple[int, int], ...]:
-        experts = variant_of(config).experts
+        experts = cls.variant_for(config).experts
         return tuple(experts(config, i) if experts else (0, 0) for i in range(config.num_hidden_layers))
 
     def block_state(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -314,7 +289,7 @@ class LlamaSpan(BlockSpan):
 
     @classmethod
     def cache_layout(cls, config, layer_idx: int) -> CacheLayout:
-        layout = variant_of(config).cache_layout
+        layout = cls.variant_for(config).cache_layout
         if layout is not None:
             return layout(config)
         return CacheLayout.keys_and_values(config.num_key_value_heads, head_dim_of(config))
@@ -323,13 +298,13 @@ class LlamaSpan(BlockSpan):
     def head_dim(self) -> int:
         return head_dim_of(self.config)
 
-    def attention_inputs(self, segment: Segment) -> _AttentionInputs:
-        return _AttentionInputs(segment, self.rope, self._windows)
+    def attention_inputs(self, segment: Segment) -> AttentionInputs:
+        return AttentionInputs(segment, self.rope, self._windows)
 
-    def pass_attention(self, segments: Sequence[Segment]) -> _PassAttention:
-        return _PassAttention(super().pass_attention(segments))
+    def pass_attention(self, segments: Sequence[Segment]) -> PassAttention:
+        return PassAttention(super().pass_attention(segments))
 
-    def block_forward(self, block: LlamaBlock, hidden: torch.Tensor, attention: _PassAttention,
+    def block_forward(self, block: LlamaBlock, hidden: torch.Tensor, attention: PassAttention,
                       rows: list[int], linear: Linear) -> torch.Tensor:
         """LlamaDecoderLayer.forward: attention, then the MLP, each on its normed input and added back."""
         normed, attn = block.input_layernorm(hidden), block.self_attn
@@ -339,7 +314,7 @@ class LlamaSpan(BlockSpan):
             hidden = hidden + self.attention(attn, normed, attention, rows, linear)
         return hidden + block.feed_forward.compute(block.post_attention_layernorm(hidden), linear, rows)
 
-    def attention(self, attn: _Attention, normed: torch.Tensor, attention: _PassAttention, rows: list[int],
+    def attention(self, attn: _Attention, normed: torch.Tensor, attention: PassAttention, rows: list[int],
                   linear: Linear) -> torch.Tensor:
         """The attention part's output (before the residual): q/k norms and rotation on every row at once,
         attention segment by segment."""
@@ -355,7 +330,7 @@ class LlamaSpan(BlockSpan):
         return linear(attn.o_proj, context)
 
     def _rotated(self, attn: _Attention, query: torch.Tensor, key: torch.Tensor,
-                 attention: _PassAttention) -> tuple[torch.Tensor, torch.Tensor]:
+                 attention: PassAttention) -> tuple[torch.Tensor, torch.Tensor]:
         """q/k [..., heads * head_dim] -> [..., heads, head_dim], normed (Qwen3) and rotated. Elementwise, so
         the same values as transformers', which rotates after moving heads before tokens."""
         query = query.view(*query.shape[:-1], -1, self.head_dim)
@@ -370,7 +345,7 @@ class LlamaSpan(BlockSpan):
         return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
 
     def _attend(self, attn: _Attention, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                inputs: _AttentionInputs) -> torch.Tensor:
+                inputs: AttentionInputs) -> torch.Tensor:
         """One segment's attention: q/k [batch (* num_new), ..., heads, head_dim] (rotated), v [batch (* num_new),
         ..., heads * head_dim] -> [batch, num_new, hidden]."""
         shape = (inputs.batch, inputs.num_new, -1, self.head_dim)
@@ -384,10 +359,14 @@ class LlamaSpan(BlockSpan):
         return context.transpose(1, 2).reshape(inputs.batch, inputs.num_new, -1)
 
 
-def _client_modules(config) -> dict[str, nn.Module]:
-    """LlamaModel's modules around its blocks (every variant's alike but for the norm's arithmetic)."""
-    norm = norm_of(variant_of(config), config.hidden_size, config.rms_norm_eps)
-    return {"embed_tokens": nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id), "norm": norm}
+def client_modules(span_class: type[LlamaSpan]) -> Callable[[object], dict[str, nn.Module]]:
+    """config -> LlamaModel's modules around its blocks, for a model of span_class (every variant's alike but
+    for the norm's arithmetic)."""
+    def make(config) -> dict[str, nn.Module]:
+        norm = norm_of(span_class.variant_for(config), config.hidden_size, config.rms_norm_eps)
+        return {"embed_tokens": nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id),
+                "norm": norm}
+    return make
 
 
 LLAMA = ModelFamily(
@@ -400,5 +379,5 @@ LLAMA = ModelFamily(
     block_prefix_format="model.layers.{}.",
     stored_prefix="",
     client=ClientParts(class_name="Llama", pretrained_model="LlamaPreTrainedModel", tensor_prefix="model.",
-                       embeddings="embed_tokens", embedding_norm=None, final_norm="norm", make_modules=_client_modules),
+                       embeddings="embed_tokens", embedding_norm=None, final_norm="norm", make_modules=client_modules(LlamaSpan)),
 )

@@ -37,7 +37,7 @@ from .rms_norm import RMSNorm
 from .rope import rotate_half
 from .span import Linear
 
-__all__ = ["LatentAttention", "latent_layout", "softmax_scale"]
+__all__ = ["LatentAttention", "check_latent_config", "latent_layout", "softmax_scale"]
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm's and kv_a_layernorm's (DeepseekV3RMSNorm's default; not rms_norm_eps)
 
@@ -45,6 +45,13 @@ LATENT_NORM_EPS = 1e-6  # q_a_layernorm's and kv_a_layernorm's (DeepseekV3RMSNor
 def latent_layout(config) -> CacheLayout:
     """A token's entry in a block: its latent, then its rotated key, one 'head' shared by all."""
     return CacheLayout((CachePart("latent and rotated key", 1, config.kv_lora_rank + config.qk_rope_head_dim),))
+
+
+def check_latent_config(config) -> None:
+    """ValueError for a config whose latent attention is not computed as transformers does."""
+    if config.num_key_value_heads != config.num_attention_heads:
+        raise ValueError("latent attention expands its keys for every head: num_key_value_heads must equal "
+                         "num_attention_heads, as in DeepSeek-V3's config")
 
 
 def softmax_scale(config) -> float:

@@ -1,12 +1,24 @@
-"""Qwen3-Next (`qwen3_next`): the Llama family with three of every four blocks' attention replaced by Gated
-DeltaNet (gated_deltanet.py), as `layer_types` says, each block as transformers' Qwen3NextDecoderLayer
-computes it.
+"""The hybrids, Qwen3-Next (`qwen3_next`) and Qwen3.5's text models (`qwen3_5_text`, `qwen3_5_moe_text`): the
+Llama family with three of every four blocks' attention replaced by Gated DeltaNet (gated_deltanet.py), as
+`layer_types` says, each block as transformers' Qwen3NextDecoderLayer / Qwen3_5DecoderLayer computes it.
 
-Stated as its differences from the Llama family: its full-attention blocks are llama.py's `qwen3_next`
-variant (a gated query, partial rotary, the zero-centred RMSNorm, Qwen2-MoE's experts with a shared
-expert); a `linear_attention` block is the same block with `linear_attn` where `self_attn` would be,
-which keeps a per-session state (its `RecurrentLayout`, kept in the session cache's `recurrent`) rather
-than keys and values per token. The multi-token-prediction head (`mtp.*`) is not a block: nobody reads it.
+Stated as its differences from the Llama family: its full-attention blocks are the Llama family's with
+the `qwen3_next` variant below (Qwen3's, with a gated query, partial rotary, the zero-centred RMSNorm,
+Qwen2-MoE's experts with a shared expert); a `linear_attention` block is the same block with
+`linear_attn` where `self_attn` would be, which keeps a per-session state (its `RecurrentLayout`, kept
+in the session cache's `recurrent`) rather than keys and values per token. The multi-token-prediction
+head (`mtp.*`) is not a block: nobody reads it.
+
+Qwen3.5 is Qwen3-Next with, read from transformers 5.25's modular_qwen3_5.py and modular_qwen3_5_moe.py:
+- its Gated DeltaNet's projections apart and in plain order (`Qwen35GatedDeltaNet`);
+- Qwen3.5 (dense): every block's MLP dense (Qwen3NextMLP: SwiGLU of intermediate_size);
+- Qwen3.5-MoE: every block sparse (no decoder_sparse_step, no mlp_only_layers), Qwen3-Next's experts and
+  shared expert, its router Qwen3-VL-MoE's, which always renormalizes the top k (no norm_topk_prob);
+- multimodal rotary (mrope: mrope_section, interleaved) that rotates a text token as plain partial rotary
+  does: a text token's temporal, height and width positions are all its position, so every frequency
+  sees that one position (transformers expands text position ids to the three axes alike).
+Attention (Qwen3NextAttention), the zero-centred norms and the layer order are Qwen3-Next's. Its published
+checkpoints are multimodal (families.py MULTIMODAL_CHECKPOINTS): servers read the text model's blocks.
 """
 
 from __future__ import annotations
@@ -17,12 +29,35 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from .gated_deltanet import DeltaNetSegment, GatedDeltaNet, recurrent_layout
+from .attention_inputs import AttentionInputs, PassAttention
+from .gated_deltanet import DeltaNetSegment, GatedDeltaNet, Qwen35GatedDeltaNet, recurrent_layout
 from .kv_cache import Layout
-from .llama import LLAMA, LlamaSpan, _AttentionInputs, _PassAttention, norm_of
+from .llama import (
+    LLAMA, LlamaSpan, Variant, client_modules, norm_of, qwen_experts_mlp, qwen_moe_experts, qwen_moe_mlp, variant_of,
+)
 from .span import Linear, Segment
 
 __all__ = ["QWEN3_NEXT", "LinearAttentionBlock", "Qwen3NextSpan"]
+
+
+def _qwen3_5_moe_experts(config, layer_idx: int) -> tuple[int, int]:
+    """Qwen3.5-MoE: every layer routes to num_experts_per_tok of num_experts."""
+    return config.num_experts, config.num_experts_per_tok
+
+
+_VARIANTS = {
+    # Qwen3's full attention with a gated query, partial rotary and the zero-centred norm; Qwen2-MoE's experts
+    "qwen3_next": lambda c: replace(variant_of(c, "qwen3"), partial_rotary=True, zero_centred_norm=True,
+                                    gated_query=True, experts=qwen_moe_experts,
+                                    make_mlp=lambda config, i: qwen_moe_mlp(config, i, shared=True)),
+}
+_VARIANTS |= {  # Qwen3.5's text models, as Qwen3-Next's differences (the module's docstring)
+    "qwen3_5_text": lambda c: replace(_VARIANTS["qwen3_next"](c), experts=None, make_mlp=None),
+    "qwen3_5_moe_text": lambda c: replace(_VARIANTS["qwen3_next"](c), experts=_qwen3_5_moe_experts,
+                                          make_mlp=lambda config, i: qwen_experts_mlp(config, True, renormalize=True)),
+}
+# each model type's Gated DeltaNet layer
+_DELTANETS = {"qwen3_next": GatedDeltaNet, "qwen3_5_text": Qwen35GatedDeltaNet, "qwen3_5_moe_text": Qwen35GatedDeltaNet}
 
 
 def is_linear(config, layer_idx: int) -> bool:
@@ -35,7 +70,7 @@ class LinearAttentionBlock(nn.Module):
     def __init__(self, config, variant, layer_idx: int, mlp: nn.Module):
         super().__init__()
         self.input_layernorm = norm_of(variant, config.hidden_size, config.rms_norm_eps)
-        self.linear_attn = GatedDeltaNet(config, layer_idx)
+        self.linear_attn = _DELTANETS[config.model_type](config, layer_idx)
         self.post_attention_layernorm = norm_of(variant, config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp
 
@@ -44,7 +79,7 @@ class LinearAttentionBlock(nn.Module):
         return self.mlp
 
 
-class _HybridInputs(_AttentionInputs):
+class _HybridInputs(AttentionInputs):
     """A segment's attention inputs, and its part of a Gated DeltaNet pass: its rows, its session's
     recurrent state and its new tokens' padding."""
 
@@ -56,15 +91,19 @@ class _HybridInputs(_AttentionInputs):
 
 
 class Qwen3NextSpan(LlamaSpan):
-    """Blocks [start, end) of a Qwen3-Next model."""
+    """Blocks [start, end) of a hybrid model (Qwen3-Next, Qwen3.5)."""
+
+    @classmethod
+    def variant_for(cls, config) -> Variant:
+        return _VARIANTS[config.model_type](config)
 
     @classmethod
     def check_config(cls, config) -> None:
         super().check_config(config)
         kinds = set(config.layer_types) - {"linear_attention", "full_attention"}
         if kinds:
-            raise ValueError(f"layer types {sorted(kinds)} are not served (Qwen3-Next's are linear_attention "
-                             "and full_attention)")
+            raise ValueError(f"layer types {sorted(kinds)} are not served (the hybrids' are "
+                             "linear_attention and full_attention)")
 
     def make_block(self, config, layer_idx: int) -> nn.Module:
         if not is_linear(config, layer_idx):
@@ -78,7 +117,7 @@ class Qwen3NextSpan(LlamaSpan):
     def attention_inputs(self, segment: Segment) -> _HybridInputs:
         return _HybridInputs(segment, self.rope, self._windows)
 
-    def block_forward(self, block: nn.Module, hidden: torch.Tensor, attention: _PassAttention,
+    def block_forward(self, block: nn.Module, hidden: torch.Tensor, attention: PassAttention,
                       rows: list[int], linear: Linear) -> torch.Tensor:
         """Qwen3NextDecoderLayer.forward: a linear block mixes with Gated DeltaNet, each segment from its own
         state; a full-attention block is the Llama family's."""
@@ -90,6 +129,9 @@ class Qwen3NextSpan(LlamaSpan):
 
 
 QWEN3_NEXT = replace(
-    LLAMA, name="qwen3_next", config_classes={"qwen3_next": "Qwen3NextConfig"}, span_class=Qwen3NextSpan,
-    client=replace(LLAMA.client, class_name="Qwen3Next", pretrained_model="Qwen3NextPreTrainedModel"),
+    LLAMA, name="qwen3_next", span_class=Qwen3NextSpan,
+    config_classes={"qwen3_next": "Qwen3NextConfig", "qwen3_5_text": "Qwen3_5TextConfig",
+                    "qwen3_5_moe_text": "Qwen3_5MoeTextConfig"},
+    client=replace(LLAMA.client, class_name="Qwen3Next", pretrained_model="Qwen3NextPreTrainedModel",
+                   make_modules=client_modules(Qwen3NextSpan)),
 )

@@ -81,3 +81,19 @@ class AtCall(LogitsProcessor):
         if self.count == self.at:
             self.action()
         return scores
+
+
+@pytest.fixture
+def rewinds(monkeypatch) -> list[int]:
+    """Every position a session's cache was rolled back to during the test."""
+    from bloompeer.peer.client.inference_session import InferenceSession
+
+    seen, rewind = [], InferenceSession.rewind
+
+    def recording(session, position):
+        if position < session.position:
+            seen.append(position)
+        return rewind(session, position)
+
+    monkeypatch.setattr(InferenceSession, "rewind", recording)
+    return seen

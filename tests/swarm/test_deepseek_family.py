@@ -13,11 +13,9 @@ servers of its own (a kill) gets a copy of the DeepSeek-V3 checkpoint under anot
 
 from __future__ import annotations
 
-import copy
 import functools
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
 import pytest
@@ -26,18 +24,18 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, Fine
 
 from bloompeer import AutoDistributedModelForCausalLM, DistributedLlamaForCausalLM
 from bloompeer.errors import RequestError
-from bloompeer.peer.cli.local_swarm import stop_in_parallel
 
 from ..conftest import DEEPSEEK_FAMILY
 from ..helpers.fp8 import write_fp8_checkpoint
 from ..helpers.pack_quantized import write_dequantized_checkpoint, write_pack_quantized_checkpoint
 from .deep_prompts import assert_prompt_gradients_equal
-from .test_llama_family import SESSIONS
-from .test_moe_family import (  # noqa: F401 (rewinds: a fixture)
-    PADDED, PADDED_MASK, PROMPT, _client_config, assert_replayed_around_a_kill, rewinds,
+from .family_checks import (
+    NEW_TOKENS, PROMPT, assert_concurrent_sessions_equal_alone, assert_greedy_equal,
+    assert_padded_batch_and_beam_search_equal, assert_replayed_around_a_kill, assert_speculative_equals_greedy,
+    client_config, first_block_draft, started_servers,
 )
 
-NEW_TOKENS = 14  # PROMPT's 11 tokens and these: 25 positions, past YaRN's original 16
+# PROMPT's 11 tokens and NEW_TOKENS' 14 (family_checks.py): 25 positions, past YaRN's original 16
 VARIANTS = sorted(DEEPSEEK_FAMILY)  # deepseek_v3, deepseek_v3-no-q-lora, glm4_moe
 LATENT = [name for name in VARIANTS if name.startswith("deepseek")]
 SERVED = [*VARIANTS, "kimi_k25", "kimi_k25-int4"]
@@ -67,15 +65,8 @@ def served_checkpoints(deepseek_checkpoints, kimi_k25_checkpoint, tmp_path_facto
 
 @pytest.fixture(scope="module")
 def deepseek_servers(swarm, served_checkpoints):
-    servers = [swarm.add_server(start, end, model=path, wait=False, name=f"{name}-{start}-{end}")
-               for name, path in served_checkpoints.items() for start, end in SPANS[name]]
-    try:
-        deadline = time.monotonic() + 180
-        for server in servers:
-            server.wait_online(deadline)
+    with started_servers(swarm, served_checkpoints, SPANS) as servers:
         yield servers
-    finally:
-        stop_in_parallel(servers)
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +77,8 @@ def clients(deepseek_servers, swarm, served_checkpoints):
     with ExitStack() as stack:
         def client(name):
             if name not in made:
-                trusted = tuple(server.peer_id_str for server in deepseek_servers
-                                if server.name.startswith(name + "-") and server.name.count("-") == name.count("-") + 2)
-                assert len(trusted) == len(SPANS[name])
-                config = _client_config(swarm, push=SERVED.index(name) % 2 == 1, trusted_servers=trusted)
+                trusted = tuple(server.peer_id_str for server in deepseek_servers[name])
+                config = client_config(swarm, push=SERVED.index(name) % 2 == 1, trusted_servers=trusted)
                 made[name] = stack.enter_context(
                     AutoDistributedModelForCausalLM.from_pretrained(served_checkpoints[name], client_config=config))
             return made[name]
@@ -106,8 +95,7 @@ def pair(request, clients, references):
 def test_greedy_tokens_equal_transformers(pair):
     ours, reference = pair
     assert isinstance(ours, DistributedLlamaForCausalLM)
-    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-    assert ours.generate(PROMPT, **kwargs).tolist() == reference.generate(PROMPT, **kwargs).tolist()
+    assert_greedy_equal(ours, reference, min_new_tokens=NEW_TOKENS)
 
 
 @torch.inference_mode()
@@ -121,11 +109,7 @@ def test_teacher_forced_logits_within_1e_4(pair):
 @torch.inference_mode()
 def test_left_padded_batch_and_beam_search(pair):
     """Beam search reorders the servers' cached latents (or keys and values) as transformers reorders its cache."""
-    ours, reference = pair
-    greedy = dict(attention_mask=PADDED_MASK, max_new_tokens=10, do_sample=False, pad_token_id=0)
-    assert ours.generate(PADDED, **greedy).tolist() == reference.generate(PADDED, **greedy).tolist()
-    beams = greedy | dict(num_beams=3)
-    assert ours.generate(PADDED, **beams).tolist() == reference.generate(PADDED, **beams).tolist()
+    assert_padded_batch_and_beam_search_equal(*pair)
 
 
 @torch.inference_mode()
@@ -135,32 +119,16 @@ def test_speculative_decoding_rolls_the_latent_cache_back_and_equals_greedy(clie
     """A verify pass of several proposed tokens, then the rejected ones' latents dropped from the servers'
     caches (the next step written at an earlier position): the tokens are plain greedy decoding's."""
     ours, reference = clients(name), references(name)
-    if how == "draft-model":  # the target's first block alone: it agrees with the target on some tokens only
-        draft = copy.deepcopy(reference)
-        draft.model.layers = draft.model.layers[:1]
-        draft.config.num_hidden_layers = 1
-        speculation = dict(assistant_model=draft)
-    else:
-        speculation = dict(prompt_lookup_num_tokens=3)
-    prompt = torch.cat([PROMPT, PROMPT[:, 1:]], dim=1)  # repeats itself, so prompt lookup has proposals
-    expected = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
-    tokens = ours.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, **speculation)
-    assert tokens.tolist() == expected.tolist()
-    assert rewinds, "no proposal was rejected: the servers' caches never rolled back"
+    speculation = dict(assistant_model=first_block_draft(reference)) if how == "draft-model" \
+        else dict(prompt_lookup_num_tokens=3)
+    assert_speculative_equals_greedy(ours, reference, rewinds, **speculation)
 
 
 @torch.inference_mode()
 def test_eight_concurrent_sessions_each_equal_alone(clients, references):
     """Eight sessions of different prompt lengths at once through DeepSeek-V3's servers: however the
     servers batch their steps (that is the machine's speed), each session's tokens equal transformers' alone."""
-    ours, reference = clients("deepseek_v3"), references("deepseek_v3")
-    generator = torch.Generator().manual_seed(8)
-    prompts = [torch.randint(4, 250, (1, 4 + i), generator=generator) for i in range(SESSIONS)]
-    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-    expected = [reference.generate(prompt, **kwargs).tolist() for prompt in prompts]
-    with ThreadPoolExecutor(SESSIONS) as pool:
-        together = list(pool.map(lambda prompt: ours.generate(prompt, **kwargs).tolist(), prompts))
-    assert together == expected
+    assert_concurrent_sessions_equal_alone(clients("deepseek_v3"), references("deepseek_v3"))
 
 
 def test_prompt_tuning_gradients_equal_local_autograd(deepseek_servers, swarm, deepseek_checkpoints, references):
@@ -168,7 +136,7 @@ def test_prompt_tuning_gradients_equal_local_autograd(deepseek_servers, swarm, d
     own; the servers differentiate through latent attention, the routers' weights and the shared experts."""
     path, reference = deepseek_checkpoints["deepseek_v3"], references("deepseek_v3")
     with DistributedLlamaForCausalLM.from_pretrained(
-            path, client_config=_client_config(swarm), tuning_mode="deep_ptune", pre_seq_len=3) as ours:
+            path, client_config=client_config(swarm), tuning_mode="deep_ptune", pre_seq_len=3) as ours:
         assert_prompt_gradients_equal(ours, reference)
 
 
@@ -198,7 +166,7 @@ def test_deepseek_served_from_its_fp8_checkpoint_generates_as_transformers_loads
                                                      quantization_config=FineGrainedFP8Config(dequantize=True)).eval()
     start_servers([(0, 2), (2, 4)], model=path)
     kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm)) as ours:
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=client_config(swarm)) as ours:
         assert ours.generate(PROMPT, **kwargs).tolist() == reference.generate(PROMPT, **kwargs).tolist()
 
 

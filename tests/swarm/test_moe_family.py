@@ -6,8 +6,10 @@ GptOssForCausalLM) on the same weights in float32, loaded with `experts_implemen
 Every checkpoint of MOE_FAMILY (tests/conftest.py) is served by two servers (blocks 0:2 and 2:4) on
 the shared bootstrap peer, all started at once. The prompts run past Mixtral's window (5 tokens) and
 gpt-oss's (4, every other layer). What needs servers of its own (a kill) gets a copy of the Qwen3-MoE
-checkpoint under another name. Qwen3-Next (QWEN3_NEXT: Gated DeltaNet blocks with a recurrent state per
-session beside a gated-attention block, Qwen2-MoE's experts) gets two servers of its own.
+checkpoint under another name. The hybrids, Qwen3-Next (QWEN3_NEXT: Gated DeltaNet blocks with a recurrent
+state per session beside a gated-attention block, Qwen2-MoE's experts) and Qwen3.5-MoE (its text model, served
+from a multimodal checkpoint in the published layout, tests/helpers/qwen3_5.py), get two servers each, all four
+started at once, and the same checks (`hybrid`).
 """
 
 from __future__ import annotations
@@ -28,9 +30,8 @@ import torch
 from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, LogitsProcessorList,
                           Mxfp4Config)
 
-from bloompeer import (AutoDistributedModelForCausalLM, AutoDistributedModelForSequenceClassification, ClientConfig,
-                       DistributedLlamaForCausalLM, DistributedQwen3NextForCausalLM, NetworkConfig)
-from bloompeer.peer.cli.local_swarm import stop_in_parallel
+from bloompeer import (AutoDistributedModelForCausalLM, AutoDistributedModelForSequenceClassification,
+                       DistributedLlamaForCausalLM, DistributedQwen3NextForCausalLM)
 from bloompeer.peer.client import verification
 from bloompeer.peer.server.config import ServerConfig
 from bloompeer.weight_format import WeightFormat
@@ -40,24 +41,17 @@ from ..conftest import MOE_FAMILY
 from ..helpers.mxfp4 import write_mxfp4_checkpoint
 from .conftest import AtCall
 from .deep_prompts import assert_prompt_gradients_equal
-from .test_llama_family import BATCH_WAIT_S, SESSIONS
-from .test_server_metrics import scrape, value
+from .family_checks import (
+    NEW_TOKENS, PADDED, PADDED_MASK, PROMPT, SESSIONS, assert_eight_sessions_batched_equal_alone, assert_greedy_equal,
+    assert_padded_batch_and_beam_search_equal, assert_replayed_around_a_kill, assert_speculative_equals_greedy,
+    client_config, first_block_draft, session_prompts, started_servers,
+)
 
-PROMPT = torch.tensor([[1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]])  # 11 tokens: past every window
-PADDED = torch.tensor([[0, 0, 0, 50, 51, 52, 53, 54, 55], [60, 61, 62, 63, 64, 65, 66, 67, 68]])
-PADDED_MASK = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1] * 9])
-NEW_TOKENS = 14
 VARIANTS = sorted(MOE_FAMILY)  # gpt_oss, mixtral, qwen2_moe, qwen3_moe
 ANNOUNCE_PERIOD_S = ServerConfig.announce_period_s
 # gpt-oss's chat format in miniature (its real "harmony" template is not available offline)
 GPT_OSS_TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>"
                     "{% endfor %}{% if add_generation_prompt %}<|start|>assistant<|message|>{% endif %}")
-
-
-def _client_config(swarm, **settings) -> ClientConfig:
-    network = NetworkConfig(initial_peers=tuple(swarm.initial_peers), client_mode=True)
-    return ClientConfig(network, **({"request_timeout_s": 3.0, "swarm_refresh_period_s": 1.0,
-                                     "poll_period_s": 0.5} | settings))
 
 
 @functools.cache
@@ -76,15 +70,8 @@ def references(moe_checkpoints):
 
 @pytest.fixture(scope="module")
 def moe_servers(swarm, moe_checkpoints):
-    servers = [swarm.add_server(start, end, model=path, wait=False, name=f"{name}-{start}-{end}")
-               for name, path in moe_checkpoints.items() for start, end in [(0, 2), (2, 4)]]
-    try:
-        deadline = time.monotonic() + 180
-        for server in servers:
-            server.wait_online(deadline)
+    with started_servers(swarm, moe_checkpoints) as servers:
         yield servers
-    finally:
-        stop_in_parallel(servers)
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +83,8 @@ def clients(moe_servers, swarm, moe_checkpoints):
     with ExitStack() as stack:
         def client(name):
             if name not in made:
-                trusted = tuple(server.peer_id_str for server in moe_servers if server.name.startswith(name + "-"))
-                assert len(trusted) == 2
-                config = _client_config(swarm, push=VARIANTS.index(name) % 2 == 1, trusted_servers=trusted)
+                trusted = tuple(server.peer_id_str for server in moe_servers[name])
+                config = client_config(swarm, push=VARIANTS.index(name) % 2 == 1, trusted_servers=trusted)
                 made[name] = stack.enter_context(
                     AutoDistributedModelForCausalLM.from_pretrained(moe_checkpoints[name], client_config=config))
             return made[name]
@@ -116,8 +102,7 @@ def pair(request, clients, references):
 def test_greedy_tokens_equal_transformers(pair):
     ours, reference = pair
     assert isinstance(ours, DistributedLlamaForCausalLM)
-    kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False)
-    assert ours.generate(PROMPT, **kwargs).tolist() == reference.generate(PROMPT, **kwargs).tolist()
+    assert_greedy_equal(ours, reference)
 
 
 @torch.inference_mode()
@@ -137,11 +122,7 @@ def test_teacher_forced_logits_within_1e_4(pair):
 
 @torch.inference_mode()
 def test_left_padded_batch_and_beam_search(pair):
-    ours, reference = pair
-    greedy = dict(attention_mask=PADDED_MASK, max_new_tokens=10, do_sample=False, pad_token_id=0)
-    assert ours.generate(PADDED, **greedy).tolist() == reference.generate(PADDED, **greedy).tolist()
-    beams = greedy | dict(num_beams=3)
-    assert ours.generate(PADDED, **beams).tolist() == reference.generate(PADDED, **beams).tolist()
+    assert_padded_batch_and_beam_search_equal(*pair)
 
 
 @torch.inference_mode()
@@ -153,28 +134,12 @@ def test_sequence_classification_equals_transformers(moe_servers, swarm, moe_che
     reference = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32, num_labels=3,
                                                                    pad_token_id=0).eval()
     with AutoDistributedModelForSequenceClassification.from_pretrained(
-            path, client_config=_client_config(swarm), num_labels=3) as ours:
+            path, client_config=client_config(swarm), num_labels=3) as ours:
         assert type(ours).__name__ == "DistributedLlamaForSequenceClassification"
         ours.score.weight.copy_(reference.score.weight)
         mine = ours(PADDED, attention_mask=PADDED_MASK).logits
     theirs = reference(PADDED, attention_mask=PADDED_MASK).logits
     torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-4)
-
-
-@pytest.fixture
-def rewinds(monkeypatch) -> list[int]:
-    """Every position a session's cache was rolled back to during the test."""
-    from bloompeer.peer.client.inference_session import InferenceSession
-
-    seen, rewind = [], InferenceSession.rewind
-
-    def recording(session, position):
-        if position < session.position:
-            seen.append(position)
-        return rewind(session, position)
-
-    monkeypatch.setattr(InferenceSession, "rewind", recording)
-    return seen
 
 
 @torch.inference_mode()
@@ -184,18 +149,9 @@ def test_speculative_decoding_rolls_back_and_equals_greedy(clients, references, 
     """A verify pass of several proposed tokens routes each of them as a step would; a rejected proposal's
     keys and values leave the servers' caches (gpt-oss's and Mixtral's windows count from what is left)."""
     ours, reference = clients(name), references(name)
-    if how == "draft-model":  # the target's first block alone: it agrees with the target on some tokens only
-        draft = copy.deepcopy(reference)
-        draft.model.layers = draft.model.layers[:1]
-        draft.config.num_hidden_layers = 1
-        speculation = dict(assistant_model=draft)
-    else:
-        speculation = dict(prompt_lookup_num_tokens=3)
-    prompt = torch.cat([PROMPT, PROMPT[:, 1:]], dim=1)  # repeats itself, so prompt lookup has proposals
-    expected = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
-    tokens = ours.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, **speculation)
-    assert tokens.tolist() == expected.tolist()
-    assert rewinds, "no proposal was rejected: the servers' caches never rolled back"
+    speculation = dict(assistant_model=first_block_draft(reference)) if how == "draft-model" \
+        else dict(prompt_lookup_num_tokens=3)
+    assert_speculative_equals_greedy(ours, reference, rewinds, **speculation)
 
 
 def test_prompt_tuning_gradients_equal_local_autograd(moe_servers, swarm, moe_checkpoints, references):
@@ -206,7 +162,7 @@ def test_prompt_tuning_gradients_equal_local_autograd(moe_servers, swarm, moe_ch
     path, reference = moe_checkpoints["qwen3_moe"], references("qwen3_moe")
     pre_seq_len = 3
     with DistributedLlamaForCausalLM.from_pretrained(
-            path, client_config=_client_config(swarm), tuning_mode="deep_ptune", pre_seq_len=pre_seq_len) as ours:
+            path, client_config=client_config(swarm), tuning_mode="deep_ptune", pre_seq_len=pre_seq_len) as ours:
         assert_prompt_gradients_equal(ours, reference)
 
 
@@ -223,53 +179,12 @@ def test_a_server_killed_mid_generation_is_replayed_around(start_servers, swarm,
     assert_replayed_around_a_kill(start_servers, swarm, own_qwen3_moe, references("qwen3_moe"))
 
 
-def assert_replayed_around_a_kill(start_servers, swarm, path, reference) -> None:
-    """Two servers for each half of `path`'s 4 blocks; the first span's server of the session is killed
-    at the 4th token, and the tokens still equal transformers'."""
-    servers = start_servers([(0, 2), (2, 4), (0, 2), (2, 4)], model=path)
-    expected = reference.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-    victims = []
-
-    def kill_the_first_span():
-        peer = ours.active_session.route[0].peer_id_str
-        victims.append(next(server for server in servers if server.peer_id_str == peer))
-        victims[0].signal(signal.SIGKILL)
-
-    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm)) as ours:
-        tokens = ours.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                               logits_processor=LogitsProcessorList([AtCall(4, kill_the_first_span)]))
-    assert victims and victims[0].process.wait(timeout=30) != 0
-    assert tokens.tolist() == expected.tolist()
-
-
 @torch.inference_mode()
 def test_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, swarm, own_qwen3_moe, references):
     """Eight sessions of different prompt lengths through one server whose every pass waits until it holds a
     step of each (`--max-batch-sessions 8 --batch-wait`, as test_llama_family's): their rows are grouped by
     expert together, each routed on its own, and each session's tokens equal transformers' alone."""
     assert_eight_sessions_batched_equal_alone(start_servers, swarm, own_qwen3_moe, references("qwen3_moe"))
-
-
-def assert_eight_sessions_batched_equal_alone(start_servers, swarm, path, reference) -> None:
-    """Eight sessions of `path` through one server of its 4 blocks whose every pass holds a step of each: each
-    session's tokens equal transformers' alone."""
-    (server,) = start_servers([(0, 4)], "--metrics-port", "0", "--max-batch-sessions", str(SESSIONS),
-                              "--batch-wait", str(BATCH_WAIT_S), model=path)
-    url = next(line for line in server.stdout if line.startswith("metrics: ")).split(" ", 1)[1]
-    generator = torch.Generator().manual_seed(8)
-    prompts = [torch.randint(4, 250, (1, 4 + i), generator=generator) for i in range(SESSIONS)]
-    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)  # steps in rounds of 8
-    expected = [reference.generate(p, **kwargs).tolist() for p in prompts]
-    before = scrape(url)
-    config = _client_config(swarm, request_timeout_s=2.0 * BATCH_WAIT_S)
-    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=config) as ours:
-        with ThreadPoolExecutor(SESSIONS) as pool:
-            together = list(pool.map(lambda prompt: ours.generate(prompt, **kwargs).tolist(), prompts))
-    after = scrape(url)
-    assert together == expected
-    passes = value(after, "bloompeer_server_batch_size_count") - value(before, "bloompeer_server_batch_size_count")
-    requests = value(after, "bloompeer_server_batch_size_sum") - value(before, "bloompeer_server_batch_size_sum")
-    assert passes >= NEW_TOKENS and requests == SESSIONS * passes, f"{requests:.0f} requests in {passes:.0f} passes"
 
 
 @torch.inference_mode()
@@ -282,7 +197,7 @@ def test_gpt_oss_served_from_its_mxfp4_checkpoint_generates_as_transformers_load
                                                      quantization_config=Mxfp4Config(dequantize=True)).eval()
     start_servers([(0, 2), (2, 4)], model=path)
     kwargs = dict(max_new_tokens=NEW_TOKENS, do_sample=False)
-    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm)) as ours:
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=client_config(swarm)) as ours:
         assert ours.generate(PROMPT, **kwargs).tolist() == reference.generate(PROMPT, **kwargs).tolist()
 
 
@@ -311,7 +226,7 @@ def test_verification_of_every_step_bans_no_honest_server(moe_servers, swarm, mo
     greedy = dict(max_new_tokens=NEW_TOKENS, do_sample=False)
     padded = dict(attention_mask=PADDED_MASK, max_new_tokens=10, do_sample=False, pad_token_id=0)
     expected = [reference.generate(PROMPT, **greedy).tolist(), reference.generate(PADDED, **padded).tolist()]
-    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=_client_config(swarm),
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=client_config(swarm),
                                                          verify_fraction=1.0) as ours:
         tokens = [ours.generate(PROMPT, **greedy).tolist(), ours.generate(PADDED, **padded).tolist()]
         banned = ours.client.swarm.bans.banned()
@@ -392,30 +307,40 @@ def test_the_api_chats_with_gpt_oss_through_its_chat_template(moe_servers, swarm
         assert choice.logprobs.token_logprobs[1:] == pytest.approx(wanted, abs=1e-4)
 
 
+HYBRIDS = ["qwen3_next", "qwen3_5_moe"]
+
+
 @pytest.fixture(scope="module")
-def qwen3_next(swarm, qwen3_next_checkpoint):
-    """(our Qwen3-Next through two servers of its own, blocks 0:2 and 2:4; transformers' model): Gated DeltaNet
+def hybrid_checkpoints(qwen3_next_checkpoint, qwen3_5_checkpoints):
+    """Qwen3-Next's checkpoint and Qwen3.5-MoE's multimodal one (its text model served)."""
+    return {"qwen3_next": qwen3_next_checkpoint, "qwen3_5_moe": qwen3_5_checkpoints["qwen3_5_moe"]}
+
+
+@pytest.fixture(scope="module")
+def hybrid_servers(swarm, hybrid_checkpoints):
+    """name -> two servers of that hybrid's own, blocks 0:2 and 2:4, all four started at once: Gated DeltaNet
     blocks keep a recurrent state per session on both servers (block 3 attention on the second)."""
-    servers = [swarm.add_server(start, end, model=qwen3_next_checkpoint, wait=False, name=f"qwen3_next-{start}-{end}")
-               for start, end in [(0, 2), (2, 4)]]
-    try:
-        deadline = time.monotonic() + 180
-        for server in servers:
-            server.wait_online(deadline)
-        trusted = tuple(server.peer_id_str for server in servers)
-        config = _client_config(swarm, trusted_servers=trusted)
-        with AutoDistributedModelForCausalLM.from_pretrained(qwen3_next_checkpoint, client_config=config) as ours:
-            yield ours, _reference(qwen3_next_checkpoint)
-    finally:
-        stop_in_parallel(servers)
+    with started_servers(swarm, hybrid_checkpoints) as servers:
+        yield servers
+
+
+@pytest.fixture(scope="module", params=HYBRIDS)
+def hybrid(request, swarm, hybrid_servers, hybrid_checkpoints):
+    """(the hybrid's name, our model of it through its two servers, transformers' model: Qwen3NextForCausalLM,
+    Qwen3_5MoeForCausalLM, which AutoModelForCausalLM reads from the multimodal checkpoint)."""
+    name, path = request.param, hybrid_checkpoints[request.param]
+    trusted = tuple(server.peer_id_str for server in hybrid_servers[name])
+    config = client_config(swarm, trusted_servers=trusted)
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=config) as ours:
+        yield name, ours, _reference(path)
 
 
 @torch.inference_mode()
-def test_qwen3_next_greedy_and_speculative_decoding_equal_transformers_greedy(qwen3_next, rewinds):
-    """Greedy tokens through the swarm equal transformers' greedy (Qwen3NextForCausalLM); prompt lookup's and a
-    draft model's rejected proposals roll each server's recurrent state back exactly, so their tokens equal
-    greedy's too (transformers' own prompt lookup does not roll its state back, and differs)."""
-    ours, reference = qwen3_next
+def test_hybrid_greedy_and_speculative_decoding_equal_transformers_greedy(hybrid, rewinds):
+    """Greedy tokens through the swarm equal transformers' greedy; prompt lookup's and a draft model's rejected
+    proposals roll each server's recurrent state back exactly, so their tokens equal greedy's too (transformers'
+    own prompt lookup does not roll its state back, and differs)."""
+    _, ours, reference = hybrid
     assert isinstance(ours, DistributedQwen3NextForCausalLM)
     prompt = torch.cat([PROMPT, PROMPT[:, 1:]], dim=1)  # repeats itself, so prompt lookup has proposals
     expected = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
@@ -436,48 +361,81 @@ def test_qwen3_next_greedy_and_speculative_decoding_equal_transformers_greedy(qw
 
 
 @torch.inference_mode()
-def test_qwen3_next_left_padded_batch_and_beam_search(qwen3_next):
+def test_hybrid_left_padded_batch_and_beam_search(hybrid):
     """Padding leaves a row's recurrent state as it was (zeroed inputs, as transformers does); beam search
     reorders each server's states with its keys and values."""
-    ours, reference = qwen3_next
-    greedy = dict(attention_mask=PADDED_MASK, max_new_tokens=10, do_sample=False, pad_token_id=0)
-    assert ours.generate(PADDED, **greedy).tolist() == reference.generate(PADDED, **greedy).tolist()
-    beams = greedy | dict(num_beams=3)
-    assert ours.generate(PADDED, **beams).tolist() == reference.generate(PADDED, **beams).tolist()
+    _, ours, reference = hybrid
+    assert_padded_batch_and_beam_search_equal(ours, reference)
 
 
 @torch.inference_mode()
 @pytest.mark.parametrize("length", [16, 70])
-def test_qwen3_next_teacher_forced_logits_within_1e_4(qwen3_next, length):
+def test_hybrid_teacher_forced_logits_within_1e_4(hybrid, length):
     """A full forward of a text shorter and one longer than the delta rule's 64-token chunk."""
-    ours, reference = qwen3_next
+    _, ours, reference = hybrid
     ids = torch.randint(4, 250, (2, length), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(ours(ids).logits, reference(ids).logits, rtol=0, atol=1e-4)
 
 
+@pytest.fixture(params=HYBRIDS)
+def own_hybrid(request, hybrid_checkpoints, tmp_path):
+    """(a copy of a hybrid's checkpoint under a name of its own, so that its servers serve no other test;
+    transformers' model of it)."""
+    path = tmp_path / f"{request.param}-{time.monotonic_ns() % 10**8}"
+    shutil.copytree(hybrid_checkpoints[request.param], path)
+    return path, _reference(hybrid_checkpoints[request.param])
+
+
 @torch.inference_mode()
-def test_qwen3_next_server_killed_mid_generation_is_replayed_around(start_servers, swarm, qwen3_next_checkpoint,
-                                                                   tmp_path):
+@pytest.mark.parametrize("own_hybrid", ["qwen3_next"], indirect=True)
+def test_hybrid_server_killed_mid_generation_is_replayed_around(start_servers, swarm, own_hybrid):
     """The replacement server rebuilds its recurrent states from the replayed history."""
-    path = tmp_path / f"qwen3_next-{time.monotonic_ns() % 10**8}"
-    shutil.copytree(qwen3_next_checkpoint, path)
-    assert_replayed_around_a_kill(start_servers, swarm, path, _reference(qwen3_next_checkpoint))
+    assert_replayed_around_a_kill(start_servers, swarm, *own_hybrid)
 
 
 @torch.inference_mode()
-def test_qwen3_next_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, swarm,
-                                                                         qwen3_next_checkpoint, tmp_path):
+@pytest.mark.parametrize("own_hybrid", ["qwen3_next"], indirect=True)
+def test_hybrid_eight_sessions_batched_on_one_server_each_equal_alone(start_servers, swarm, own_hybrid):
     """Each pass holds a step of each session, every one from its own recurrent state."""
-    path = tmp_path / f"qwen3_next-{time.monotonic_ns() % 10**8}"
-    shutil.copytree(qwen3_next_checkpoint, path)
-    assert_eight_sessions_batched_equal_alone(start_servers, swarm, path, _reference(qwen3_next_checkpoint))
+    assert_eight_sessions_batched_equal_alone(start_servers, swarm, *own_hybrid)
 
 
-def test_qwen3_next_prompt_tuning_gradients_equal_local_autograd(qwen3_next, swarm, qwen3_next_checkpoint):
+@torch.inference_mode()
+@pytest.mark.parametrize("own_hybrid", ["qwen3_5_moe"], indirect=True)
+def test_hybrid_eight_sessions_at_once_and_a_server_killed_under_them(start_servers, swarm, own_hybrid):
+    """Qwen3.5-MoE: both of the checks above in one set of servers (CI time): eight sessions at once, two servers
+    for each half; one session kills its first span's server at its 4th token, every session on it replays its
+    history to the other (which rebuilds their recurrent states), and each session's tokens equal transformers'
+    alone, however the servers batched their steps."""
+    path, reference = own_hybrid
+    servers = start_servers([(0, 2), (2, 4), (0, 2), (2, 4)], model=path)
+    prompts = session_prompts()
+    kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    expected = [reference.generate(prompt, **kwargs).tolist() for prompt in prompts]
+    victims = []
+
+    def kill_the_first_span():
+        peer = ours.active_session.route[0].peer_id_str  # this thread's session's
+        victims.append(next(server for server in servers if server.peer_id_str == peer))
+        victims[0].signal(signal.SIGKILL)
+
+    def generate(index):
+        killing = LogitsProcessorList([AtCall(4, kill_the_first_span)] if index == 0 else [])
+        return ours.generate(prompts[index], logits_processor=killing, **kwargs).tolist()
+
+    with AutoDistributedModelForCausalLM.from_pretrained(path, client_config=client_config(swarm)) as ours:
+        with ThreadPoolExecutor(SESSIONS) as pool:
+            together = list(pool.map(generate, range(SESSIONS)))
+    assert victims and victims[0].process.wait(timeout=30) != 0
+    assert together == expected
+
+
+def test_hybrid_prompt_tuning_gradients_equal_local_autograd(hybrid, swarm, hybrid_checkpoints):
     """Deep prompts through Gated DeltaNet blocks: the servers' backward (the forward recomputed with autograd,
-    the chunked rule) gives local autograd's gradients, within 1e-5 of the largest: measured 2.2e-6 (one element
-    of 192 past the dense families' 2e-6; the rule's chunked products and their autograd sum in other orders)."""
-    _, reference = qwen3_next
-    with DistributedQwen3NextForCausalLM.from_pretrained(qwen3_next_checkpoint, client_config=_client_config(swarm),
+    the chunked rule) gives local autograd's gradients, within 1e-5 of the largest: measured 2.2e-6 for
+    Qwen3-Next (one element of 192 past the dense families' 2e-6; the rule's chunked products and their autograd
+    sum in other orders)."""
+    name, _, reference = hybrid
+    with DistributedQwen3NextForCausalLM.from_pretrained(hybrid_checkpoints[name], client_config=client_config(swarm),
                                                          tuning_mode="deep_ptune", pre_seq_len=3) as ours:
         assert_prompt_gradients_equal(ours, reference, bound=1e-5)

@@ -1,6 +1,8 @@
-"""Qwen3-Next's spans (blocks/qwen3_next.py: Gated DeltaNet blocks and gated-attention blocks, the
+"""The hybrids' spans (blocks/qwen3_next.py: Gated DeltaNet blocks and gated-attention blocks, the
 zero-centred RMSNorm, Qwen2-MoE's experts) against transformers' Qwen3NextForCausalLM on the same weights
-in float32: a full forward, then a prompt and steps with each side's own cache (ours: keys and values for
+in float32, and Qwen3.5's (its own DeltaNet projections, dense MLPs or every block sparse, multimodal
+rotary) against Qwen3_5ForCausalLM and Qwen3_5MoeForCausalLM, read from published multimodal checkpoints:
+a full forward, then a prompt and steps with each side's own cache (ours: keys and values for
 the attention block, a recurrent state for the DeltaNet blocks), left-padded or not, shorter and longer
 than the 64-token chunk, including a speculative-sized pass (ours runs it as one-token steps, transformers'
 plain forward chunks it: within 1e-5)."""
@@ -30,16 +32,27 @@ def _inputs(length: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-@pytest.fixture(scope="module")
-def model(qwen3_next_checkpoint):
+def _model(path) -> tuple:
     """(transformers' model, our spans 0:1 and 1:4)."""
-    reference = AutoModelForCausalLM.from_pretrained(qwen3_next_checkpoint, dtype=torch.float32).eval()
-    checkpoint = open_checkpoint(qwen3_next_checkpoint)
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    checkpoint = open_checkpoint(path)
     return reference, [checkpoint.load_span(0, 1, torch.float32), checkpoint.load_span(1, 4, torch.float32)]
 
 
-def test_blocks_and_their_session_state_are_as_layer_types_say(model):
-    reference, spans = model
+@pytest.fixture(scope="module")
+def model(qwen3_next_checkpoint):
+    return _model(qwen3_next_checkpoint)
+
+
+@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5", "qwen3_5_moe"])
+def any_model(request, model, qwen3_5_checkpoints):
+    """Each hybrid: Qwen3-Next's, and Qwen3.5's and Qwen3.5-MoE's text models (transformers' reference:
+    Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, which AutoModelForCausalLM reads from the multimodal checkpoint)."""
+    return model if request.param == "qwen3_next" else _model(qwen3_5_checkpoints[request.param])
+
+
+def test_blocks_and_their_session_state_are_as_layer_types_say(any_model):
+    reference, spans = any_model
     assert all(isinstance(span, Qwen3NextSpan) for span in spans)
     blocks = [block for span in spans for block in span.blocks]
     assert [isinstance(block, LinearAttentionBlock) for block in blocks] == [True, True, True, False]
@@ -51,8 +64,8 @@ def test_blocks_and_their_session_state_are_as_layer_types_say(model):
 
 @torch.no_grad()
 @pytest.mark.parametrize("length", sorted(LENGTHS))
-def test_a_full_forward_equals_transformers(model, length):
-    reference, spans = model
+def test_a_full_forward_equals_transformers(any_model, length):
+    reference, spans = any_model
     ids, padded = _inputs(length)
     for mask in (None, padded):
         positions = None if mask is None else _positions(mask)
@@ -66,8 +79,8 @@ def test_a_full_forward_equals_transformers(model, length):
 
 @torch.no_grad()
 @pytest.mark.parametrize("length", sorted(LENGTHS))
-def test_a_prompt_then_steps_equal_transformers_with_its_cache(model, length):
-    reference, spans = model
+def test_a_prompt_then_steps_equal_transformers_with_its_cache(any_model, length):
+    reference, spans = any_model
     ids, padded = _inputs(length)
     for mask in (None, padded):
         theirs = DynamicCache(config=reference.config)
@@ -100,10 +113,10 @@ def test_a_sessions_recurrent_state_is_a_cost_per_session(model):
 
 
 @torch.no_grad()
-def test_rejected_drafts_roll_back_to_the_accepted_tokens_state(model):
+def test_rejected_drafts_roll_back_to_the_accepted_tokens_state(any_model):
     """A speculative pass of 4 tokens of which 2 are accepted, then a step from there: the step equals the
     same session sent only the accepted tokens; a rewind before the last pass is refused, changing nothing."""
-    reference, spans = model
+    reference, spans = any_model
     ids, mask = _inputs(12)
     embedded = reference.model.embed_tokens(ids)
 
@@ -125,10 +138,10 @@ def test_rejected_drafts_roll_back_to_the_accepted_tokens_state(model):
 
 
 @torch.no_grad()
-def test_sessions_batched_in_one_pass_each_step_from_their_own_state(model):
+def test_sessions_batched_in_one_pass_each_step_from_their_own_state(any_model):
     """Three sessions (one left-padded) at different lengths share every pass: each one's outputs equal its
     steps alone (within float32 rounding: shared linear layers), its state its own."""
-    _, spans = model
+    _, spans = any_model
     span = spans[1]
     torch.manual_seed(1)
     lengths = (6, 3, 9)

@@ -166,7 +166,7 @@ class ChatMessage(BaseModel):
 
     def text(self) -> str:
         """The content as text; of the content parts only text parts are accepted (an image's is refused: the
-        API serves text models, of a multimodal checkpoint such as Kimi K2.5 its text model only)."""
+        API serves text models, of a multimodal checkpoint such as Kimi K2.5 or Qwen3.5 its text model only)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
@@ -174,8 +174,8 @@ class ChatMessage(BaseModel):
         for index, part in enumerate(self.content):
             if part.get("type") != "text":
                 raise ValueError(f"content part {index} is of type {part.get('type')!r}: only text parts are taken "
-                                 "(this API serves text models; of a multimodal checkpoint such as Kimi K2.5, its "
-                                 "text model only): send the message as text")
+                                 "(this API serves text models; of a multimodal checkpoint such as Kimi K2.5 or "
+                                 "Qwen3.5, its text model only): send the message as text")
             if not isinstance(part.get("text"), str):
                 raise ValueError(f"content part {index}: a text part needs its text as a string")
         return "".join(part["text"] for part in self.content)

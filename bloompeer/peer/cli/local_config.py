@@ -17,7 +17,7 @@ def local_num_model_blocks(model: str | Path) -> int | None:
     if not config_file.is_file():
         return None
     config = json.loads(config_file.read_text())
-    if isinstance(config.get("text_config"), dict):  # a multimodal checkpoint, served as its text model (Kimi K2.5)
+    if isinstance(config.get("text_config"), dict):  # multimodal, served as its text model (Kimi K2.5, Qwen3.5)
         config = config["text_config"]
     num_model_blocks = config.get("n_layer", config.get("num_hidden_layers"))
     return num_model_blocks if isinstance(num_model_blocks, int) else None

@@ -34,13 +34,13 @@ _MEDIA_ARGUMENTS = ("pixel_values", "image", "video", "audio", "mm_", "input_fea
 
 def refuse_media(kwargs: dict) -> None:
     """RequestError for images (or video, sound) passed to a model call: bloompeer serves text models, and of a
-    multimodal checkpoint (Kimi K2.5's) its text model only, so they would be silently ignored."""
+    multimodal checkpoint (Kimi K2.5's, Qwen3.5's) its text model only, so they would be silently ignored."""
     media = sorted(name for name, value in kwargs.items()
                    if value is not None and any(part in name for part in _MEDIA_ARGUMENTS))
     if media:
         raise RequestError(f"{', '.join(media)}: images, video and sound are not taken: bloompeer serves text "
-                           "models (of a multimodal checkpoint such as Kimi K2.5, its text model only); pass the "
-                           "text alone (input_ids)")
+                           "models (of a multimodal checkpoint such as Kimi K2.5 or Qwen3.5, its text model only); "
+                           "pass the text alone (input_ids)")
 
 
 def _wire_padding_mask(attention_mask: torch.Tensor | None, num_new: int) -> torch.Tensor | None:
