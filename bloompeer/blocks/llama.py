@@ -38,7 +38,7 @@ from torch import nn
 
 from .attention import as_key_bias, attention_with_sinks, grouped_attention
 from .family import ClientParts, ModelFamily
-from .kv_cache import CacheLayout, token_positions
+from .kv_cache import CacheLayout
 from .mla import LatentAttention, latent_layout
 from .moe import (
     GptOssExpert, GroupLimitedRouter, MixtralExpert, Router, SparseMoe, softmax_then_top_k, split_fused_experts,
@@ -46,7 +46,7 @@ from .moe import (
 )
 from .rms_norm import RMSNorm, ZeroCentredRMSNorm
 from .rope import RotaryFrequencies, rope_frequencies, rotate_half
-from .span import BlockSpan, Linear, Segment, allowed_keys
+from .span import BlockSpan, Linear, Segment
 
 __all__ = ["LLAMA", "LlamaSpan", "RMSNorm", "SwiGLU", "Variant", "variant_of"]
 
@@ -241,8 +241,8 @@ class _AttentionInputs:
 
     def __init__(self, segment: Segment, rope: RotaryFrequencies, windows: set[int | None]):
         batch, num_new, _ = segment.hidden.shape
-        mask, cache = segment.full_padding_mask, segment.cache
-        positions = token_positions(mask)[:, -num_new:]  # [batch, num_new]
+        cache = segment.cache
+        positions = segment.new_positions()  # [batch, num_new]
         seen_length = None
         if rope.rope_type == "dynamic":
             seen_length = rope.dynamic_length(cache.rope_length if cache else None, int(positions.max()) + 1)
@@ -251,7 +251,7 @@ class _AttentionInputs:
         cos, sin = rope.cos_sin(positions, segment.hidden.dtype, seen_length)
         self.batch, self.num_new, self.cache = batch, num_new, cache
         self.cos, self.sin = cos[:, :, None], sin[:, :, None]  # [batch, num_new, 1, head_dim]: broadcast over heads
-        self.key_bias = {window: as_key_bias(allowed_keys(mask, num_new, window), segment.hidden.dtype)
+        self.key_bias = {window: as_key_bias(segment.allowed_keys(window), segment.hidden.dtype)
                          for window in windows}
 
 
@@ -307,6 +307,11 @@ class LlamaSpan(BlockSpan):
     def experts_of(cls, config) -> tuple[tuple[int, int], ...]:
         experts = variant_of(config).experts
         return tuple(experts(config, i) if experts else (0, 0) for i in range(config.num_hidden_layers))
+
+    def static_step_refusal(self, start: int, end: int) -> str | None:
+        if self.rope.rope_type == "dynamic":
+            return "dynamic rope rescales its frequencies by the longest position so far, read on the host"
+        return super().static_step_refusal(start, end)
 
     def block_state(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         convert = self.variant.convert
