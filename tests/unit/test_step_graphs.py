@@ -9,30 +9,16 @@ import gc
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import AutoConfig
 
 from bloompeer.blocks import Segment
-from bloompeer.blocks.families import family_for_model_type
 from bloompeer.blocks.step_graphs import GraphKeys, StaticStep, StepGraphs, eager_reason
 
 from ..conftest import DEEPSEEK_FAMILY, LLAMA_FAMILY, MOE_FAMILY, QWEN3_NEXT
+from ..helpers.tiny_spans import HIDDEN, random_span
 
-HIDDEN = 64
 
-
-def _span(name: str, fields: dict, start: int, end: int, seed: int = 0):
-    """Blocks [start, end) of a 4-block model of the tests' tiny configs (hidden 64, 4 heads), random weights."""
-    model_type = fields.get("model_type", name)
-    common = dict(vocab_size=100, hidden_size=HIDDEN, num_hidden_layers=4, num_attention_heads=4, pad_token_id=0)
-    if model_type != "bloom":
-        common.update(num_key_value_heads=4 if model_type == "deepseek_v3" else 2, intermediate_size=3 * HIDDEN)
-    config = AutoConfig.for_model(model_type, **(common | {k: v for k, v in fields.items() if k != "model_type"}))
-    span = family_for_model_type(model_type).span_class(config, start, end).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in span.parameters():
-            parameter.copy_(0.15 * torch.randn(parameter.shape, generator=generator))
-    return span
+def _span(name: str, fields: dict, start: int, end: int):
+    return random_span(fields.get("model_type", name), fields, start, end)
 
 
 # Every layout a graph serves: ALiBi (BLOOM), grouped-query attention, windows (Mistral's
@@ -54,8 +40,8 @@ def _cpu_replay(step: StaticStep):
 def test_graphed_decode_steps_equal_eager_ones_in_float32(name):
     """Two sessions (batch 2 with left padding, batch 1) after prompts of 5 and 3 tokens, then 5 steps in one
     pass, the sessions in either order: through StepGraphs (eager, captured on the second pass, replayed from
-    the third) each step's outputs are the eager span's within 1e-6, and every cache entry the first block
-    writes is bitwise the eager one's. Past Mistral's and Qwen2's windows of 5."""
+    the third) each step's outputs are the eager span's within 1e-6 of their largest value (rounding: the
+    masked keys' exact zeros summed in), and every cache entry the first block writes is bitwise the eager one's. Past Mistral's and Qwen2's windows of 5."""
     fields, start, end = STATIC[name]
     span = _span(name, fields, start, end)
     graphs = StepGraphs(span, capture=_cpu_replay)
@@ -76,7 +62,7 @@ def test_graphed_decode_steps_equal_eager_ones_in_float32(name):
         order = [0, 1] if step_index % 2 else [1, 0]
         outputs = graphs.forward([segments[i] for i in order], start, end)
         for i, output in zip(order, outputs):
-            worst = max(worst, float((output - expected[i]).abs().max()))
+            worst = max(worst, float((output - expected[i]).abs().max() / expected[i].abs().max()))
     assert graphs.counts == {"eager": 1, "capture": 1, "replay": 3}
     assert worst <= 1e-6, worst
     for reference, cache in zip(eager, graphed):
