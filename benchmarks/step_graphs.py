@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--context", type=int, default=128, help="prompt tokens before the timed steps")
-    parser.add_argument("--max-length", type=int, default=512, help="each session's preallocated cache")
+    parser.add_argument("--max-length", type=int, default=2048, help="each session's preallocated cache")
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--formats", nargs="+", default=["none", "int8", "int4"])
     parser.add_argument("--steps", type=int, default=100)

@@ -5,11 +5,18 @@ kernels (15.6 ms a step on an H200, whose weights take 0.14 ms to read). A CUDA 
 whole step as one launch, but it replays exactly what it recorded: the same kernels on the same
 addresses with the same shapes. So a graphed step is the span's own computation made static
 (`StaticStep`): one new token per row, the new token's cache index a tensor (written with
-index_copy_, `SessionCache.update_at`), attention over each session's whole preallocated cache
-with a mask that hides what lies past the new token (so its shapes never change as the session
-grows), positions and masks computed from tensors, nothing read back to the host. In float32 it
-equals the eager step within rounding (softmax and attention sum over the masked keys too, as
-exact zeros, in other orders): tests/unit/test_step_graphs.py.
+index_copy_, `SessionCache.update_at`), attention over a fixed length of each session's
+preallocated cache with a mask that hides what lies past the new token (so its shapes do not change
+as the session grows), positions and masks computed from tensors, nothing read back to the host. In
+float32 it equals the eager step within rounding (softmax and attention sum over the masked keys
+too, as exact zeros, in other orders): tests/unit/test_step_graphs.py.
+
+That fixed length is a bucket, not the whole cache: a session may preallocate 8192 tokens and hold
+100, and a step attending over all of them would read 80 times the keys it needs (for bloom-560m,
+0.8 GB a step where its weights are 1.1). A pass attends over the smallest power of two, at least
+MIN_KV_BUCKET, that holds its longest session (each session's cut to its own max_length), so a graph
+reads at most twice what the eager step reads, and a set of sessions is captured again only when
+its longest one doubles.
 
 A graph is keyed by the caches it steps, not by a bucketed session count: our sessions' caches are
 allocations of their own (sized per session for the cache budget), and a graph holds their
@@ -38,13 +45,15 @@ import torch
 from .kv_cache import SessionCache
 from .span import BlockSpan, Segment
 
-__all__ = ["GraphKeys", "StaticStep", "StaticStepCache", "StepGraphs", "capture_cuda_graph", "eager_reason"]
+__all__ = ["GraphKeys", "StaticStep", "StaticStepCache", "StepGraphs", "capture_cuda_graph", "eager_reason",
+           "kv_bucket"]
 
 logger = logging.getLogger(__name__)
 
 MAX_GRAPH_SESSIONS = 8  # sessions in one graphed pass; a fuller pass runs eagerly
 MAX_GRAPH_ROWS = 64  # rows (every session's batch, one token each) in one graphed pass
 MAX_GRAPHS = 16  # graphs held at once, each with its own memory pool of the step's activations
+MIN_KV_BUCKET = 64  # the shortest cache length a graphed step attends over
 CAPTURE_ON_PASS = 2  # a set of sessions is captured on its second pass, replayed from its third
 
 Replay = Callable[[], list[torch.Tensor]]  # runs a captured step again; its outputs, one per session
@@ -68,33 +77,42 @@ def eager_reason(span: BlockSpan, segments: Sequence[Segment], start: int, end: 
     return span.static_step_refusal(start, end)
 
 
+def kv_bucket(lengths: Sequence[int], min_bucket: int = MIN_KV_BUCKET) -> int:
+    """The cache length a pass of sessions `lengths` long (their new token included) attends over: the
+    smallest power of two >= the longest and >= min_bucket (each session's then cut to its max_length)."""
+    return max(min_bucket, 1 << (max(lengths) - 1).bit_length())
+
+
 class StaticStepCache:
-    """A session's cache as a static step writes to it: at a cache index held in a tensor, read whole."""
+    """A session's cache as a static step writes to it: at a cache index held in a tensor, read over a fixed
+    length (the pass's bucket)."""
 
     recurrent = None  # a recurrent block never takes a static step (BlockSpan.static_step_refusal)
 
-    def __init__(self, cache: SessionCache, index: torch.Tensor):
-        self.cache, self.index = cache, index
+    def __init__(self, cache: SessionCache, index: torch.Tensor, length: int):
+        self.cache, self.index, self.length = cache, index, length
 
     def update(self, layer_idx: int, *new: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return self.cache.update_at(layer_idx, self.index, *new)
+        return self.cache.update_at(layer_idx, self.index, self.length, *new)
 
 
 class StaticStep:
-    """The decode step of a set of sessions through blocks [start, end) with static shapes and buffers:
-    `load` puts a pass's inputs into the buffers (hidden states, and each new token's cache index) and
-    `run` computes the step from them alone, reading nothing back to the host, so that a graph captured
-    from `run` replays any later step of these sessions. It holds the caches weakly: a graph must not keep
-    a closed session's memory."""
+    """The decode step of a set of sessions through blocks [start, end) with static shapes and buffers, each
+    session attending over its first `kv_length` cache entries (or all of its max_length, if fewer): `load`
+    puts a pass's inputs into the buffers (hidden states, and each new token's cache index, below that
+    length) and `run` computes the step from them alone, reading nothing back to the host, so that a graph
+    captured from `run` replays any later step of these sessions within that length. It holds the caches
+    weakly: a graph must not keep a closed session's memory."""
 
-    def __init__(self, span: BlockSpan, caches: Sequence[SessionCache], start: int, end: int, dtype: torch.dtype):
+    def __init__(self, span: BlockSpan, caches: Sequence[SessionCache], start: int, end: int, dtype: torch.dtype,
+                 kv_length: int):
         self.span, self.start, self.end = span, start, end
         self._caches = [weakref.ref(cache) for cache in caches]
         device = caches[0].padding_mask.device
         self.hidden = [torch.zeros(cache.batch, 1, span.config.hidden_size, dtype=dtype, device=device)
                        for cache in caches]  # [batch, 1, hidden] each
         self.index = [torch.zeros(1, dtype=torch.long, device=device) for _ in caches]  # the new token's
-        self._key_index = [torch.arange(cache.max_length, device=device) for cache in caches]
+        self._key_index = [torch.arange(min(kv_length, cache.max_length), device=device) for cache in caches]
 
     def holds(self, caches: Sequence[SessionCache]) -> bool:
         """Whether this step is of these very caches (a cache gone and another at its id is not)."""
@@ -113,8 +131,9 @@ class StaticStep:
             cache = ref()
             if cache is None:
                 raise RuntimeError("a static step ran after one of its sessions' caches was freed")
-            visible = cache.padding_mask & (key_index <= index)  # [batch, max_length]: nothing past the new token
-            segments.append(Segment(hidden, visible, StaticStepCache(cache, index), query_index=index))
+            length = key_index.shape[0]
+            visible = cache.padding_mask[:, :length] & (key_index <= index)  # [batch, length]: none past the new
+            segments.append(Segment(hidden, visible, StaticStepCache(cache, index, length), query_index=index))
         return self.span.forward_segments(segments, self.start, self.end)
 
 
@@ -172,8 +191,8 @@ class StepGraphs:
     capture: StaticStep -> its replay (capture_cuda_graph; a test on the CPU replays by running the step)."""
 
     def __init__(self, span: BlockSpan, capture: Callable[[StaticStep], Replay] = capture_cuda_graph,
-                 keys: GraphKeys | None = None):
-        self.span, self.capture = span, capture
+                 keys: GraphKeys | None = None, min_kv_bucket: int = MIN_KV_BUCKET):
+        self.span, self.capture, self.min_kv_bucket = span, capture, min_kv_bucket
         self.keys = keys or GraphKeys()
         self.broken: str | None = None  # why capturing failed once (then every pass runs eagerly)
         self.counts = {"replay": 0, "capture": 0, "eager": 0}
@@ -184,7 +203,8 @@ class StepGraphs:
         plan = "eager" if reason is not None else None
         order = sorted(range(len(segments)), key=lambda i: id(segments[i].cache))  # one graph whatever the order
         caches = [segments[i].cache for i in order]
-        key = (start, end, *(id(cache) for cache in caches))
+        kv_length = kv_bucket([cache.length for cache in caches], self.min_kv_bucket) if plan is None else 0
+        key = (start, end, kv_length, *(id(cache) for cache in caches))
         if plan is None:
             plan = self.keys.plan(key)
             if plan == "replay" and not self.keys.graphs[key][0].holds(caches):
@@ -194,7 +214,7 @@ class StepGraphs:
         if plan == "eager":
             return self.span.forward_segments(segments, start, end)
         if plan == "capture":
-            step = StaticStep(self.span, caches, start, end, segments[0].hidden.dtype)
+            step = StaticStep(self.span, caches, start, end, segments[0].hidden.dtype, kv_length)
             step.load([segments[i] for i in order])
             try:
                 replay = self.capture(step)

@@ -9,9 +9,10 @@ import gc
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from bloompeer.blocks import Segment
-from bloompeer.blocks.step_graphs import GraphKeys, StaticStep, StepGraphs, eager_reason
+from bloompeer.blocks.step_graphs import GraphKeys, StaticStep, StepGraphs, eager_reason, kv_bucket
 
 from ..conftest import DEEPSEEK_FAMILY, LLAMA_FAMILY, MOE_FAMILY, QWEN3_NEXT
 from ..helpers.tiny_spans import HIDDEN, random_span
@@ -38,23 +39,25 @@ def _cpu_replay(step: StaticStep):
 @pytest.mark.parametrize("name", sorted(STATIC))
 @torch.inference_mode()
 def test_graphed_decode_steps_equal_eager_ones_in_float32(name):
-    """Two sessions (batch 2 with left padding, batch 1) after prompts of 5 and 3 tokens, then 5 steps in one
-    pass, the sessions in either order: through StepGraphs (eager, captured on the second pass, replayed from
-    the third) each step's outputs are the eager span's within 1e-6 of their largest value (rounding: the
-    masked keys' exact zeros summed in), and every cache entry the first block writes is bitwise the eager one's. Past Mistral's and Qwen2's windows of 5."""
+    """Two sessions (batch 2 with left padding and max_length 16, batch 1 and max_length 12) after prompts of 5
+    and 3 tokens, then 7 steps in one pass, the sessions in either order, through StepGraphs attending over
+    8 entries, then 16 (12 for the second session) once the first holds 9 tokens: in each length, eager,
+    captured on the second pass, replayed from the third. Each step's outputs are the eager span's within 1e-6
+    of their largest value (rounding: the masked keys' exact zeros summed in), and every cache entry the first
+    block writes is bitwise the eager one's. Past Mistral's and Qwen2's windows of 5."""
     fields, start, end = STATIC[name]
     span = _span(name, fields, start, end)
-    graphs = StepGraphs(span, capture=_cpu_replay)
+    graphs = StepGraphs(span, capture=_cpu_replay, min_kv_bucket=8)
     generator = torch.Generator().manual_seed(1)
     prompts = [(torch.randn(2, 5, HIDDEN, generator=generator), torch.tensor([[0, 0, 1, 1, 1], [1] * 5]).bool()),
                (torch.randn(1, 3, HIDDEN, generator=generator), None)]
-    eager, graphed = ([span.new_cache(start, end, hidden.shape[0], MAX_LENGTH, torch.float32) for hidden, _ in prompts]
-                      for _ in range(2))
+    eager, graphed = ([span.new_cache(start, end, hidden.shape[0], max_length, torch.float32)
+                       for (hidden, _), max_length in zip(prompts, (MAX_LENGTH, 12))] for _ in range(2))
     for caches in (eager, graphed):
         for cache, (hidden, mask) in zip(caches, prompts):
             span(hidden, cache.begin_step(0, mask, hidden.shape[1]), cache)
     worst = 0.0
-    for step_index in range(5):
+    for step_index in range(7):
         new = [torch.randn(hidden.shape[0], 1, HIDDEN, generator=generator) for hidden, _ in prompts]
         expected = span.forward_segments(
             [Segment(hidden, cache.begin_step(cache.length, None, 1), cache) for hidden, cache in zip(new, eager)])
@@ -63,7 +66,8 @@ def test_graphed_decode_steps_equal_eager_ones_in_float32(name):
         outputs = graphs.forward([segments[i] for i in order], start, end)
         for i, output in zip(order, outputs):
             worst = max(worst, float((output - expected[i]).abs().max() / expected[i].abs().max()))
-    assert graphs.counts == {"eager": 1, "capture": 1, "replay": 3}
+    assert graphs.counts == {"eager": 2, "capture": 2, "replay": 3}
+    assert sorted(key[2] for key in graphs.keys.graphs) == [8, 16]
     assert worst <= 1e-6, worst
     for reference, cache in zip(eager, graphed):
         length = cache.length
@@ -115,6 +119,11 @@ def test_blocks_whose_family_reads_the_host_run_eagerly(name, fields, start, end
     assert found == reason if reason is None else reason in found
 
 
+@pytest.mark.parametrize("lengths, bucket", [([3], 64), ([64, 2], 64), ([65], 128), ([100, 900], 1024)])
+def test_a_pass_attends_over_the_power_of_two_that_holds_its_longest_session(lengths, bucket):
+    assert kv_bucket(lengths) == bucket
+
+
 def test_a_set_of_sessions_is_captured_on_its_second_pass_and_the_least_recent_graph_goes_first():
     keys = GraphKeys(max_graphs=2, capture_on_pass=2)
     assert [keys.plan("a"), keys.plan("b"), keys.plan("a")] == ["eager", "eager", "capture"]
@@ -132,7 +141,7 @@ def test_a_set_of_sessions_is_captured_on_its_second_pass_and_the_least_recent_g
 @torch.inference_mode()
 def test_a_graph_never_replays_over_a_freed_cache(span):
     cache = span.new_cache(span.start, span.end, 1, 8, torch.float32)
-    step = StaticStep(span, [cache], span.start, span.end, torch.float32)
+    step = StaticStep(span, [cache], span.start, span.end, torch.float32, kv_length=8)
     other = span.new_cache(span.start, span.end, 1, 8, torch.float32)
     assert step.holds([cache]) and not step.holds([other])
     del cache
@@ -147,7 +156,7 @@ def _static_step_on(span, device: str, position: int = 5) -> tuple[StaticStep, o
     cache = span.new_cache(span.start, span.end, 2, MAX_LENGTH, torch.float32, device)
     cache.length = position
     cache.begin_step(position, None, 1)
-    step = StaticStep(span, [cache], span.start, span.end, torch.float32)
+    step = StaticStep(span, [cache], span.start, span.end, torch.float32, kv_length=MAX_LENGTH)
     step.load([Segment(torch.ones(2, 1, HIDDEN, device=device), None, cache)])
     return step, cache
 
@@ -164,6 +173,33 @@ def test_a_static_step_reads_nothing_back_to_the_host(name):
     cache = dynamic.to("meta").new_cache(0, 1, 2, MAX_LENGTH, torch.float32, "meta")
     with pytest.raises(RuntimeError, match=r"item\(\) cannot be called on meta tensors"):
         dynamic(torch.ones(2, 1, HIDDEN, device="meta"), cache.begin_step(0, None, 1), cache)
+
+
+class _HostInputs(TorchDispatchMode):
+    """The ops a computation on another device dispatches with a tensor of the host's among their inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" for leaf in tree_leaves((args, kwargs))):
+            self.calls.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", sorted(STATIC))
+@torch.inference_mode()
+def test_after_its_warm_up_a_static_step_takes_nothing_from_the_host(name):
+    """A graph holds device addresses: a tensor made on the host and copied over during the capture (rotary
+    frequencies were, every pass) would be copied from freed memory at every replay, or refused. After the
+    warm-up run that precedes a capture, the step on another device (meta here) touches no host tensor."""
+    fields, start, end = STATIC[name]
+    step, _cache = _static_step_on(_span(name, fields, start, end).to("meta"), "meta")
+    step.run()
+    with _HostInputs() as host_inputs:
+        step.run()
+    assert host_inputs.calls == []
 
 
 class _Kernels(TorchDispatchMode):
@@ -191,6 +227,7 @@ def test_a_static_step_runs_the_same_kernels_on_the_same_shapes_at_every_positio
     traces = []
     for position in (3, 11):
         step, _cache = _static_step_on(span, "cpu", position)
+        step.run()  # the warm-up before a capture (rotary frequencies are made once per device)
         with _Kernels() as kernels:
             step.run()
         traces.append(kernels.calls)
