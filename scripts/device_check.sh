@@ -9,7 +9,8 @@
 # are spent, each stage's timeout cut to what is left:
 #  graphs       tests/device/test_step_graphs_cuda.py: decode steps captured as CUDA graphs and replayed against
 #               eager steps in float32 (BLOOM, Llama, Mistral, DeepSeek-V3's latent block), and greedy tokens
-#               through graphed steps against transformers' generate on the GPU;
+#               through graphed steps against transformers' generate on the GPU, and (with the wheels) a server's
+#               scheduler replaying graphs for two sessions' batched steps;
 #  graph-bench  benchmarks/step_graphs.py: 24 bloom-560m blocks in bfloat16, a decode step eager and graphed, for
 #               1 and 8 sessions, weights as bfloat16, int8 and int4 (goals: graphed <= 2 ms; int8/int4 no slower);
 #  tests        tests/unit/test_quantized_linear.py with BLOOMPEER_TEST_DEVICE=cuda: int8 through CUDA's _int_mm,

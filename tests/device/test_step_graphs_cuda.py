@@ -104,3 +104,50 @@ def test_greedy_tokens_through_graphed_steps_equal_transformers(model_type, tmp_
                                                 0, 4)[0]))
     assert graphs.counts["replay"] == 13
     assert tokens == expected
+
+
+@torch.inference_mode()
+def test_a_servers_scheduler_replays_graphs_for_decode_steps():
+    """The serving path: a Scheduler on a CUDA span runs two sessions' one-token steps (sent as a server's
+    handlers send them, on the CPU) through StepGraphs, batched in passes, and answers what the eager span
+    computes (within 1e-5 of the largest value). Needs hivemind (the scheduler's frames come from p2p)."""
+    pytest.importorskip("hivemind")
+    import asyncio
+
+    from bloompeer.p2p import Step
+    from bloompeer.peer.server.compute import ComputeWorker
+    from bloompeer.peer.server.scheduler import Scheduler
+
+    span = random_span("bloom", {}, 0, 4, device="cuda")
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randn(1, 4, HIDDEN, generator=generator) for _ in range(2)]
+    steps = [[torch.randn(1, 1, HIDDEN, generator=generator) for _ in range(2)] for _ in range(STEPS)]
+
+    async def serve() -> tuple[list, Scheduler]:
+        compute = ComputeWorker("cuda")
+        scheduler = Scheduler(span, compute, max_batch_tokens=2048, device="cuda", dtype=torch.float32)
+        runner = asyncio.create_task(scheduler.run())
+        caches = [span.new_cache(0, 4, 1, 32, torch.float32, "cuda") for _ in prompts]
+        try:
+            for index, (cache, prompt) in enumerate(zip(caches, prompts)):
+                await scheduler.step(f"s{index}", cache, Step(0, prompt))
+            outputs = []
+            for hidden in steps:
+                outputs.append(await asyncio.gather(*(
+                    scheduler.step(f"s{index}", cache, Step(cache.length, h))
+                    for index, (cache, h) in enumerate(zip(caches, hidden)))))
+            return outputs, scheduler
+        finally:
+            await scheduler.stop()
+            runner.cancel()
+            compute.shutdown()
+
+    outputs, scheduler = asyncio.run(serve())
+    assert scheduler.step_graphs.counts["replay"] >= 1, scheduler.step_graphs.counts
+    caches = [span.new_cache(0, 4, 1, 32, torch.float32, "cuda") for _ in prompts]
+    for cache, prompt in zip(caches, prompts):
+        span(prompt.cuda(), cache.begin_step(0, None, 4), cache)
+    for hidden, answered in zip(steps, outputs):
+        for cache, h, output in zip(caches, hidden, answered):
+            expected = span(h.cuda(), cache.begin_step(cache.length, None, 1), cache).cpu()
+            assert float((output - expected).abs().max() / expected.abs().max()) <= 1e-5
