@@ -199,35 +199,46 @@ class StepGraphs:
 
     def forward(self, segments: Sequence[Segment], start: int, end: int) -> list[torch.Tensor]:
         """span.forward_segments(segments, start, end), through a graph where one serves."""
-        reason = self.broken or eager_reason(self.span, segments, start, end)
-        plan = "eager" if reason is not None else None
-        order = sorted(range(len(segments)), key=lambda i: id(segments[i].cache))  # one graph whatever the order
-        caches = [segments[i].cache for i in order]
-        kv_length = kv_bucket([cache.length for cache in caches], self.min_kv_bucket) if plan is None else 0
-        key = (start, end, kv_length, *(id(cache) for cache in caches))
-        if plan is None:
-            plan = self.keys.plan(key)
-            if plan == "replay" and not self.keys.graphs[key][0].holds(caches):
-                self.keys.drop(key)  # a cache of that set is gone, and this one took its id
-                plan = self.keys.plan(key)
-        self.counts[plan] += 1
-        if plan == "eager":
+        if (self.broken or eager_reason(self.span, segments, start, end)) is not None:
+            self.counts["eager"] += 1
             return self.span.forward_segments(segments, start, end)
+        order = sorted(range(len(segments)), key=lambda i: id(segments[i].cache))  # one graph whatever the order
+        ordered = [segments[i] for i in order]
+        caches = [segment.cache for segment in ordered]
+        kv_length = kv_bucket([cache.length for cache in caches], self.min_kv_bucket)
+        key = (start, end, kv_length, *(id(cache) for cache in caches))
+        plan = self.keys.plan(key)
+        if plan == "replay" and not self.keys.graphs[key][0].holds(caches):
+            self.keys.drop(key)  # a cache of that set is gone, and this one took its id
+            plan = self.keys.plan(key)
+        self.counts[plan] += 1
+        replay = None
         if plan == "capture":
-            step = StaticStep(self.span, caches, start, end, segments[0].hidden.dtype, kv_length)
-            step.load([segments[i] for i in order])
-            try:
-                replay = self.capture(step)
-            except Exception as exc:  # an op that cannot be captured: eagerly from now on, said once
-                self.broken = f"capturing a step failed ({type(exc).__name__}: {exc})"
-                logger.warning("Decode steps run without CUDA graphs: %s", self.broken, exc_info=True)
-                return self.span.forward_segments(segments, start, end)
-            self.keys.add(key, step, replay)
-        else:
+            replay = self._capture(key, ordered, kv_length)
+        elif plan == "replay":
             step, replay = self.keys.graphs[key]
-            step.load([segments[i] for i in order])
+            step.load(ordered)
+        if replay is None:
+            return self.span.forward_segments(segments, start, end)
         outputs = replay()
         in_order = [None] * len(segments)
         for position, index in enumerate(order):
             in_order[index] = outputs[position].clone()  # the graph's buffer is written again by its next replay
         return in_order
+
+    def _capture(self, key: tuple, segments: list[Segment], kv_length: int) -> Replay | None:
+        """Capture the step of these segments' sessions (their inputs loaded); None if it cannot be, and then
+        every later pass runs eagerly (an op that cannot be captured would fail every capture)."""
+        step = StaticStep(self.span, [segment.cache for segment in segments], *key[:2], segments[0].hidden.dtype,
+                          kv_length)
+        step.load(segments)
+        try:
+            replay = self.capture(step)
+        except Exception as exc:
+            self.broken = f"capturing a step failed ({type(exc).__name__}: {exc})"
+            logger.warning("Decode steps run without CUDA graphs: %s", self.broken, exc_info=True)
+            return None
+        logger.debug("Captured the decode step of %d sessions through blocks %d:%d over %d cache entries",
+                     len(segments), *key[:3])
+        self.keys.add(key, step, replay)
+        return replay

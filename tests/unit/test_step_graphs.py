@@ -139,6 +139,22 @@ def test_a_set_of_sessions_is_captured_on_its_second_pass_and_the_least_recent_g
 
 
 @torch.inference_mode()
+def test_a_step_that_cannot_be_captured_runs_eagerly_and_so_do_all_after_it(span):
+    def refuse(step):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    graphs = StepGraphs(span, capture=refuse)
+    cache, reference = (span.new_cache(span.start, span.end, 1, 8, torch.float32) for _ in range(2))
+    for position in range(3):
+        hidden = torch.full((1, 1, span.config.hidden_size), 0.1 * position)
+        expected = span(hidden, reference.begin_step(position, None, 1), reference)
+        output, = graphs.forward([Segment(hidden, cache.begin_step(position, None, 1), cache)], span.start, span.end)
+        assert torch.equal(output, expected)
+    assert graphs.counts == {"eager": 2, "capture": 1, "replay": 0}
+    assert "operation not permitted" in graphs.broken
+
+
+@torch.inference_mode()
 def test_a_graph_never_replays_over_a_freed_cache(span):
     cache = span.new_cache(span.start, span.end, 1, 8, torch.float32)
     step = StaticStep(span, [cache], span.start, span.end, torch.float32, kv_length=8)
