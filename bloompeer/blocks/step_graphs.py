@@ -108,7 +108,7 @@ class StaticStep:
                  kv_length: int):
         self.span, self.start, self.end = span, start, end
         self._caches = [weakref.ref(cache) for cache in caches]
-        device = caches[0].padding_mask.device
+        self.device = device = caches[0].padding_mask.device
         self.hidden = [torch.zeros(cache.batch, 1, span.config.hidden_size, dtype=dtype, device=device)
                        for cache in caches]  # [batch, 1, hidden] each
         self.index = [torch.zeros(1, dtype=torch.long, device=device) for _ in caches]  # the new token's
@@ -141,17 +141,19 @@ def capture_cuda_graph(step: StaticStep) -> Replay:
     """Capture `step.run` as a CUDA graph (after a warm-up run on a side stream, as CUDA graphs need: lazily
     made handles and workspaces are made outside the capture); its replay. The warm-up computes the very step
     loaded (it writes the same cache entries the replay writes again)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step.run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        outputs = step.run()
+    with torch.cuda.device(step.device):  # the step's GPU, whichever is current (a server on cuda:1)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step.run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            outputs = step.run()
 
     def replay() -> list[torch.Tensor]:
-        graph.replay()
+        with torch.cuda.device(step.device):
+            graph.replay()
         return outputs
 
     return replay
