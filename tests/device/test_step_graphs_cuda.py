@@ -70,6 +70,35 @@ def test_replayed_graphs_equal_eager_steps_in_float32(name):
     assert all(torch.equal(a, b) for a, b in zip(replayed, rerun))
 
 
+@pytest.mark.parametrize("quant, dtype, bound", [("int8", torch.float32, 1e-5), ("int4", torch.bfloat16, 3e-2)])
+@torch.inference_mode()
+def test_quantized_spans_replay_graphs_too(quant, dtype, bound):
+    """`serve --quant`: BLOOM blocks with int8 (float32 rows) or int4 (bfloat16, its kernel's) weights, quantized
+    on the GPU as a server's loader does, replay their captured steps, within `bound` of the eager step (relative
+    to the largest value; bfloat16's rounding, the masked keys summed in, for int4)."""
+    from bloompeer.blocks.quantized_linear import quantize_block
+    from bloompeer.weight_format import WeightFormat
+
+    span = random_span("bloom", {}, 0, 4, device="cuda").to(dtype)
+    for block in span.blocks:
+        quantize_block(block, WeightFormat.of(quant, 32, str(dtype).removeprefix("torch."), "cuda"))
+    graphs = StepGraphs(span)
+    generator = torch.Generator().manual_seed(4)
+    eager, graphed = (span.new_cache(0, 4, 1, 32, dtype, "cuda") for _ in range(2))
+    prompt = torch.randn(1, 4, HIDDEN, generator=generator).to("cuda", dtype)
+    for cache in (eager, graphed):
+        span(prompt, cache.begin_step(0, None, 4), cache)
+    worst = 0.0
+    for _ in range(STEPS):
+        hidden = torch.randn(1, 1, HIDDEN, generator=generator).to("cuda", dtype)
+        expected = span(hidden, eager.begin_step(eager.length, None, 1), eager)
+        output, = graphs.forward([Segment(hidden, graphed.begin_step(graphed.length, None, 1), graphed)], 0, 4)
+        worst = max(worst, float((output - expected).abs().max() / expected.abs().max()))
+    assert graphs.counts == {"eager": 1, "capture": 1, "replay": STEPS - 2}, (graphs.counts, graphs.broken)
+    print(f"{quant}: graphed vs eager, largest difference {worst:.2e} of the largest value")
+    assert worst <= bound
+
+
 @pytest.mark.parametrize("model_type", ["bloom", "llama"])
 @torch.inference_mode()
 def test_greedy_tokens_through_graphed_steps_equal_transformers(model_type, tmp_path):
