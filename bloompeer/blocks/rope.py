@@ -145,7 +145,6 @@ class RotaryFrequencies:
         angles = torch.cat((freqs, freqs), dim=-1)
         return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
 
-
     def _inv_freq_on(self, device: torch.device, seen_length: int | None) -> tuple[torch.Tensor, float]:
         if seen_length is not None:  # dynamic's, which change with the sequence
             inv_freq, scaling = self.inv_freq(seen_length)

@@ -68,8 +68,8 @@ class Segment:
 
     query_index: None, or a static step's (step_graphs.py: one new token per row, shapes that do not
     change from step to step, as a CUDA graph replays them): the new token's cache index as a [1] long
-    tensor; padding_mask then spans the whole preallocated cache, False past the new token, and the
-    cache writes at that index (StaticStepCache).
+    tensor; padding_mask then spans a fixed length of the cache (the pass's bucket), False past the new
+    token, and the cache writes at that index (StaticStepCache).
     """
 
     hidden: torch.Tensor
