@@ -110,8 +110,9 @@ def test_greedy_tokens_through_graphed_steps_equal_transformers(model_type, tmp_
                                    num_heads=4, seed=2, initializer_range=0.15)
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]], device="cuda")
+    reference.generation_config.eos_token_id = None  # 16 tokens whatever they are (ours never stops either)
     expected = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
-                                  min_new_tokens=16)[0, ids.shape[1]:].tolist()
+                                  pad_token_id=0)[0, ids.shape[1]:].tolist()
     span = open_checkpoint(path).load_span(0, 4, torch.float32, "cuda")
     graphs = StepGraphs(span)
     parts = family_for_model_type(reference.config.model_type).client
