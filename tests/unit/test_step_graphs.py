@@ -256,3 +256,12 @@ def test_a_static_step_runs_the_same_kernels_on_the_same_shapes_at_every_positio
             span(torch.ones(2, 1, HIDDEN), cache.begin_step(position, None, 1), cache)
         eager.append(kernels.calls)
     assert eager[0] != eager[1]
+
+
+def test_only_a_gpu_servers_scheduler_runs_decode_passes_through_graphs(span, compute):
+    """CPU serving keeps its eager passes, unchanged; a scheduler for a CUDA device gets StepGraphs (made without
+    touching the GPU: the first capture does)."""
+    from bloompeer.peer.server.scheduler import Scheduler
+
+    assert Scheduler(span, compute, 64, "cpu", torch.float32).step_graphs is None
+    assert isinstance(Scheduler(span, compute, 64, "cuda:1", torch.float32).step_graphs, StepGraphs)
