@@ -9,9 +9,8 @@ from __future__ import annotations
 import torch
 
 from .attention import as_key_bias
-from .kv_cache import token_positions
 from .rope import RotaryFrequencies
-from .span import Segment, allowed_keys
+from .span import Segment
 
 __all__ = ["AttentionInputs", "PassAttention"]
 
@@ -21,8 +20,8 @@ class AttentionInputs:
 
     def __init__(self, segment: Segment, rope: RotaryFrequencies, windows: set[int | None]):
         batch, num_new, _ = segment.hidden.shape
-        mask, cache = segment.full_padding_mask, segment.cache
-        positions = token_positions(mask)[:, -num_new:]  # [batch, num_new]
+        cache = segment.cache
+        positions = segment.new_positions()  # [batch, num_new]
         seen_length = None
         if rope.rope_type == "dynamic":
             seen_length = rope.dynamic_length(cache.rope_length if cache else None, int(positions.max()) + 1)
@@ -31,7 +30,7 @@ class AttentionInputs:
         cos, sin = rope.cos_sin(positions, segment.hidden.dtype, seen_length)
         self.batch, self.num_new, self.cache = batch, num_new, cache
         self.cos, self.sin = cos[:, :, None], sin[:, :, None]  # [batch, num_new, 1, head_dim]: broadcast over heads
-        self.key_bias = {window: as_key_bias(allowed_keys(mask, num_new, window), segment.hidden.dtype)
+        self.key_bias = {window: as_key_bias(segment.allowed_keys(window), segment.hidden.dtype)
                          for window in windows}
 
 

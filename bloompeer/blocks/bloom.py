@@ -22,7 +22,7 @@ from transformers import BloomConfig
 
 from .family import ClientParts, ModelFamily
 from .kv_cache import CacheLayout
-from .span import BlockSpan, Linear, Segment, allowed_keys
+from .span import BlockSpan, Linear, Segment
 
 __all__ = ["BLOOM", "BloomSpan", "alibi_bias", "bloom_gelu"]
 
@@ -129,7 +129,7 @@ class _AttentionInputs:
         self.alibi = alibi_bias(mask.long(), num_heads, dtype)  # [batch * heads, 1, kv_length]
         zero = torch.zeros((), dtype=dtype, device=mask.device)
         # blocked entries hold the dtype's minimum rather than -inf, as in transformers' eager mask
-        self.bias = torch.where(allowed_keys(mask, num_new), zero, torch.finfo(dtype).min)  # [batch, 1, new, kv]
+        self.bias = torch.where(segment.allowed_keys(), zero, torch.finfo(dtype).min)  # [batch, 1, new, kv]
 
 
 class BloomSpan(BlockSpan):

@@ -174,6 +174,16 @@ class SessionCache:
             stored[:, :, self._write_at : end] = part
         return tuple(stored[:, :, :end] for stored in entries)
 
+    def update_at(self, layer_idx: int, index: torch.Tensor, length: int, *new: torch.Tensor
+                  ) -> tuple[torch.Tensor, ...]:
+        """A static step's `update` (step_graphs.py): one new token's entries written at cache index `index`
+        (a [1] long tensor, so that the same kernels serve every position below `length`); returns the block's
+        first `length` entries ([batch, heads, length, width] each), which the step's mask limits."""
+        entries = self._blocks[layer_idx - self.start]
+        for stored, part in zip(entries, new, strict=True):
+            stored.index_copy_(2, index, part)
+        return tuple(stored[:, :, :length] for stored in entries)
+
 
 def _recurrent_state(layouts: tuple[Layout, ...], start: int, batch: int, dtype: torch.dtype,
                      device: torch.device | str) -> RecurrentState | None:

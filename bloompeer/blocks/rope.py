@@ -12,7 +12,7 @@ that cos and sin are bitwise its own.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -111,6 +111,9 @@ class RotaryFrequencies:
     params: dict
     dim: int
     max_positions: int
+    # device -> (frequencies there, in float32; scaling) of a type whose frequencies never change: made once, so
+    # that a pass neither recomputes them on the host nor copies them to a GPU (a copy a CUDA graph cannot hold)
+    _on_device: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def rope_type(self) -> str:
@@ -137,10 +140,19 @@ class RotaryFrequencies:
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype,
                 seen_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [batch, tokens, dim] for positions [batch, tokens], in transformers' arithmetic."""
-        inv_freq, scaling = self.inv_freq(seen_length)
-        freqs = positions[..., None].float() * inv_freq.to(device=positions.device, dtype=torch.float)
+        inv_freq, scaling = self._inv_freq_on(positions.device, seen_length)
+        freqs = positions[..., None].float() * inv_freq
         angles = torch.cat((freqs, freqs), dim=-1)
         return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
+
+    def _inv_freq_on(self, device: torch.device, seen_length: int | None) -> tuple[torch.Tensor, float]:
+        if seen_length is not None:  # dynamic's, which change with the sequence
+            inv_freq, scaling = self.inv_freq(seen_length)
+            return inv_freq.to(device=device, dtype=torch.float), scaling
+        if device not in self._on_device:
+            inv_freq, scaling = self.inv_freq()
+            self._on_device[device] = inv_freq.to(device=device, dtype=torch.float), scaling
+        return self._on_device[device]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

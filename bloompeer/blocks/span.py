@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .batched_linear import BatchedLinears
-from .kv_cache import Layout, SessionCache
+from .kv_cache import CacheLayout, Layout, SessionCache, token_positions
 
 __all__ = ["BlockSpan", "Linear", "Segment", "allowed_keys", "float32_parameter_names"]
 
@@ -36,14 +36,19 @@ def float32_parameter_names(block: nn.Module) -> set[str]:
             for name in getattr(module, "float32_parameters", ())}
 
 
-def allowed_keys(padding_mask: torch.Tensor, num_new: int, window: int | None = None) -> torch.Tensor:
-    """Which keys the last `num_new` queries see: [batch, 1, num_new, kv_length] bool.
+def allowed_keys(padding_mask: torch.Tensor, num_new: int, window: int | None = None,
+                 query_index: torch.Tensor | None = None) -> torch.Tensor:
+    """Which keys the last `num_new` queries see (or the one query at cache index `query_index`, a [1]
+    tensor: a static step's, see Segment): [batch, 1, num_new, kv_length] bool.
 
     A query at cache index q sees keys at indices k <= q that are not padding, and with a sliding
     window only those with k > q - window (indices, not positions: padding counts, as in transformers).
     """
     kv_length = padding_mask.shape[1]
-    query_index = torch.arange(kv_length - num_new, kv_length, device=padding_mask.device)[:, None]
+    if query_index is None:
+        query_index = torch.arange(kv_length - num_new, kv_length, device=padding_mask.device)[:, None]
+    else:
+        query_index = query_index.view(1, 1)
     key_index = torch.arange(kv_length, device=padding_mask.device)[None, :]
     allowed = key_index <= query_index  # [num_new, kv_length]
     if window is not None:
@@ -60,12 +65,18 @@ class Segment:
     the request's keys and values go (None for a forward that keeps nothing). prompts: [blocks
     of the pass, batch, k <= num_new, hidden] deep prompts: prompts[i] is added to the first k
     new tokens entering the pass's block i.
+
+    query_index: None, or a static step's (step_graphs.py: one new token per row, shapes that do not
+    change from step to step, as a CUDA graph replays them): the new token's cache index as a [1] long
+    tensor; padding_mask then spans a fixed length of the cache (the pass's bucket), False past the new
+    token, and the cache writes at that index (StaticStepCache).
     """
 
     hidden: torch.Tensor
     padding_mask: torch.Tensor | None = None
     cache: SessionCache | None = None
     prompts: torch.Tensor | None = None
+    query_index: torch.Tensor | None = None
 
     @property
     def full_padding_mask(self) -> torch.Tensor:
@@ -74,6 +85,17 @@ class Segment:
             return self.padding_mask
         batch, num_new, _ = self.hidden.shape
         return torch.ones(batch, num_new, dtype=torch.bool, device=self.hidden.device)
+
+    def allowed_keys(self, window: int | None = None) -> torch.Tensor:
+        """Which keys the new tokens see: [batch, 1, num_new, kv_length] bool (see `allowed_keys`)."""
+        return allowed_keys(self.full_padding_mask, self.hidden.shape[1], window, self.query_index)
+
+    def new_positions(self) -> torch.Tensor:
+        """The new tokens' positions [batch, num_new] (token_positions: 0 at padding)."""
+        positions = token_positions(self.full_padding_mask)
+        if self.query_index is None:
+            return positions[:, -self.hidden.shape[1]:]
+        return positions.index_select(1, self.query_index)
 
     def add_prompts(self, hidden: torch.Tensor, index: int) -> torch.Tensor:
         """hidden ([batch, num_new, hidden]) with block `index`'s prompts added (a new tensor)."""
@@ -134,6 +156,17 @@ class BlockSpan(nn.Module):
         """Per block of the model: (experts, experts a token uses) of its sparse MLP, (0, 0) for a dense
         one (what `status` and the dashboard show)."""
         return ((0, 0),) * config.num_hidden_layers
+
+    def static_step_refusal(self, start: int, end: int) -> str | None:
+        """Why blocks [start, end) cannot take a static decode step (step_graphs.py: fixed shapes, no host
+        reads, as a CUDA graph replays it), or None if they can. A sparse MLP groups its rows by expert into
+        shapes the routing decides (read on the host), and a recurrent block picks its state's slots on the
+        host at every step; a family adds what else its blocks read on the host."""
+        if any(map(any, self.experts_of(self.config)[start:end])):
+            return "a mixture of experts groups its rows by the experts chosen, in shapes that change every step"
+        if any(not isinstance(layout, CacheLayout) for layout in self.cache_layouts(start, end)):
+            return "a recurrent block chooses its state's slots on the host at every step"
+        return None
 
     def block_state(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A block's tensors as its checkpoint stores them (its prefix dropped) -> as its modules name them

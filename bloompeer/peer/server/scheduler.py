@@ -44,6 +44,7 @@ import torch
 
 from ...blocks import BlockSpan, Segment, SessionCache
 from ...blocks.recurrent_state import RewindError
+from ...blocks.step_graphs import StepGraphs
 from ...p2p import BackwardRequest, ErrorCode, ProtocolError, Step
 from .compute import ComputeWorker
 from .metrics import ServerMetrics
@@ -124,6 +125,8 @@ class Scheduler:
         self.max_batch_sessions, self.batch_wait_s = max_batch_sessions, batch_wait_s
         self.metrics = metrics or ServerMetrics()
         self.device, self.dtype = device, dtype
+        # on a GPU, decode passes replay CUDA graphs where they can (blocks/step_graphs.py); the CPU runs eagerly
+        self.step_graphs = StepGraphs(span) if torch.device(device).type == "cuda" else None
         self._queue: list[_Work] = []
         self._ready = asyncio.Event()
         self._arrived = asyncio.Event()  # set by every submission: what a gathering wait waits on
@@ -370,7 +373,7 @@ class Scheduler:
         with torch.inference_mode(batch[0].priority is not Priority.BACKWARD):
             if len(batch) > 1:
                 try:
-                    outputs = self.span.forward_segments([work.segment() for work in batch], *batch[0].group[1:])
+                    outputs = self._inference_pass([work.segment() for work in batch], batch[0].group)
                     return [(work.finish(output), None) for work, output in zip(batch, outputs)]
                 except Exception:
                     logger.warning("A batch of %d requests failed; running them one by one", len(batch),
@@ -379,10 +382,16 @@ class Scheduler:
                         work.rollback()
             return [self._execute_alone(work) for work in batch]
 
+    def _inference_pass(self, segments: list[Segment], group: tuple) -> list[torch.Tensor]:
+        """One pass of inference steps through the group's blocks, through CUDA graphs where they serve."""
+        if self.step_graphs is not None:
+            return self.step_graphs.forward(segments, *group[1:])
+        return self.span.forward_segments(segments, *group[1:])
+
     def _execute_alone(self, work: _Work) -> tuple[Any, BaseException | None]:
         try:
             if work.segment is not None:
-                output = self.span.forward_segments([work.segment()], *work.group[1:])[0]
+                output = self._inference_pass([work.segment()], work.group)[0]
             else:
                 output = work.run()
             return work.finish(output), None
