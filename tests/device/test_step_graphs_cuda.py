@@ -1,5 +1,5 @@
-"""On a GPU only (scripts/device_check.sh runs it; skipped where torch sees no CUDA device, so it counts for
-nothing on the CPU): decode steps captured as CUDA graphs and replayed (blocks/step_graphs.py) against the
+"""On a GPU only (scripts/device_check.sh runs it with --noconftest; tests/device/conftest.py keeps it from
+being collected where torch sees no CUDA device, so it counts for nothing on the CPU): decode steps captured as CUDA graphs and replayed (blocks/step_graphs.py) against the
 eager span, and greedy tokens through graphed steps against transformers' own model, in float32.
 
 Needs no hivemind and no conftest (the GPU machine may lack both): tiny spans are built here."""
@@ -14,7 +14,6 @@ from bloompeer.peer.cli.default_model import write_random_checkpoint
 
 from ..helpers.tiny_spans import HIDDEN, random_span
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 LATENT = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, q_lora_rank=24,
               n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=1,
