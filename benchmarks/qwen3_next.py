@@ -86,19 +86,28 @@ def room(args) -> int:
     return args.rounds * args.steps + args.rounds * (2 + ACCEPTED + 1) + DRAFTS + 1
 
 
-def expected_bytes(shape: dict, layer_types: list[str], start: int, end: int, max_length: int) -> dict[str, int]:
+def expected_bytes(config, start: int, end: int, max_length: int) -> dict[str, int]:
     """What blocks [start, end) should reserve for a float32 session of one row, from the shapes alone: per
     Gated DeltaNet block two (state, window) slots and the inputs of a pass of up to MAX_ROLLBACK_TOKENS (to
     roll back into); per attention block a key and a value per KV head and token; one mask byte a token."""
-    conv_dim = 2 * shape["linear_num_key_heads"] * shape["linear_key_head_dim"] \
-        + shape["linear_num_value_heads"] * shape["linear_value_head_dim"]
-    state = shape["linear_num_value_heads"] * shape["linear_key_head_dim"] * shape["linear_value_head_dim"] * 4
-    window = conv_dim * (shape["linear_conv_kernel_dim"] - 1) * 4
-    inputs = MAX_ROLLBACK_TOKENS * (conv_dim + 2 * shape["linear_num_value_heads"]) * 4
-    kinds = layer_types[start:end]
-    per_token = 2 * shape["num_key_value_heads"] * shape["head_dim"] * 4
+    key_dim, value_dim = config.linear_key_head_dim, config.linear_value_head_dim
+    conv_dim = 2 * config.linear_num_key_heads * key_dim + config.linear_num_value_heads * value_dim
+    state = config.linear_num_value_heads * key_dim * value_dim * 4
+    window = conv_dim * (config.linear_conv_kernel_dim - 1) * 4
+    inputs = MAX_ROLLBACK_TOKENS * (conv_dim + 2 * config.linear_num_value_heads) * 4
+    kinds = config.layer_types[start:end]
+    per_token = 2 * config.num_key_value_heads * config.head_dim * 4
     return {"deltanet": kinds.count("linear_attention") * (2 * state + 2 * window + inputs),
             "attention": kinds.count("full_attention") * per_token * max_length + max_length}
+
+
+def expected_total(path: Path, placement, length: int) -> dict[str, int]:
+    """expected_bytes over every server of `placement`."""
+    config, totals = open_checkpoint(path).config(), {"deltanet": 0, "attention": 0}
+    for start, end in placement:
+        for kind, nbytes in expected_bytes(config, start, end, length).items():
+            totals[kind] += nbytes
+    return totals
 
 
 def session_cache_bytes(path: Path, placement, max_length: int) -> dict[str, int]:
@@ -187,7 +196,8 @@ def measure(ours, local, session, prompt: torch.Tensor, urls: list[str], args) -
 
 def run(swarm, path: Path, placement, lengths, args) -> dict[int, Figures]:
     """Every part, for each session length, on servers of `placement` added to `swarm` (stopped after)."""
-    flags = ["--max-length", str(max(lengths)), "--cache-tokens", str(max(lengths)), "--metrics-port", "0"]
+    flags = ["--max-length", str(max(lengths)), "--cache-tokens", str(max(lengths)), "--metrics-port", "0",
+             "--session-timeout", "3600"]  # the session waits while transformers prefills 8k tokens
     servers = [swarm.add_server(start, end, model=path, extra_args=flags, wait=False, name=f"{path.name}-{start}")
                for start, end in placement]
     try:
@@ -212,15 +222,6 @@ def run(swarm, path: Path, placement, lengths, args) -> dict[int, Figures]:
         stop_in_parallel(servers)
 
 
-def expected_total(path: Path, shape: dict, placement, length: int) -> dict[str, int]:
-    layer_types = open_checkpoint(path).config().layer_types
-    totals = {"deltanet": 0, "attention": 0}
-    for start, end in placement:
-        for kind, nbytes in expected_bytes(shape, layer_types, start, end, length).items():
-            totals[kind] += nbytes
-    return totals
-
-
 def decode_rows(results: dict[int, Figures]) -> list[str]:
     rows = []
     for length, figures in results.items():
@@ -229,12 +230,12 @@ def decode_rows(results: dict[int, Figures]) -> list[str]:
     return rows
 
 
-def memory_rows(results: dict[int, Figures], path: Path, shape: dict, placement) -> list[str]:
+def memory_rows(results: dict[int, Figures], path: Path, placement) -> list[str]:
     """A session's cache on the servers, in MiB: the SessionCache's tensors by kind, the servers' gauge, the
     bytes expected from the shapes, and transformers' cache after the same prompt."""
     mib, lines = 2**20, []
     for length, figures in results.items():
-        expected = expected_total(path, shape, placement, length)
+        expected = expected_total(path, placement, length)
         for kind, label in (("deltanet", "Gated DeltaNet blocks"), ("attention", "attention blocks + mask")):
             lines.append(f"{f'{label}, session of {length}':<44} {figures.cache[kind] / mib:>10.3f} "
                          f"{expected[kind] / mib:>10.3f} {'':>10} {figures.local_cache[kind] / mib:>12.3f}")
@@ -255,12 +256,12 @@ def speculative_rows(results: dict[int, Figures]) -> list[str]:
     return rows
 
 
-def print_tables(results: dict[int, Figures], path: Path, shape: dict, placement) -> None:
+def print_tables(results: dict[int, Figures], path: Path, placement) -> None:
     print(f"\n{'':<44} {'bloompeer':>10} {'baseline':>10} {'unit':<6} {'ratio':>6} {'goal':<8} per round")
     for line in decode_rows(results) + speculative_rows(results):
         print(line)
     print(f"\n{'session cache, MiB':<44} {'SessionCache':>10} {'expected':>10} {'gauge':>10} {'transformers':>12}")
-    for line in memory_rows(results, path, shape, placement):
+    for line in memory_rows(results, path, placement):
         print(line)
     for length, figures in results.items():
         print(f"session of {length}: greedy tokens equal transformers': {figures.tokens_equal}; decode ms per "
@@ -286,7 +287,7 @@ def main() -> None:
         path = write_random_checkpoint(Path(tmp) / "qwen3-next", num_blocks=args.blocks, **shape)
         with LocalSwarm(path, []) as swarm:
             results = run(swarm, path, placement, lengths, args)
-        print_tables(results, path, shape, placement)
+        print_tables(results, path, placement)
 
 
 if __name__ == "__main__":
