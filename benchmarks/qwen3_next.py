@@ -197,7 +197,8 @@ def measure(ours, local, session, prompt: torch.Tensor, urls: list[str], args) -
 def run(swarm, path: Path, placement, lengths, args) -> dict[int, Figures]:
     """Every part, for each session length, on servers of `placement` added to `swarm` (stopped after)."""
     flags = ["--max-length", str(max(lengths)), "--cache-tokens", str(max(lengths)), "--metrics-port", "0",
-             "--session-timeout", "3600"]  # the session waits while transformers prefills 8k tokens
+             "--session-timeout", "3600",  # the session waits while transformers prefills 8k tokens
+             "--quick-throughput"]  # measured in a few steps: with one server per span, no route depends on it
     servers = [swarm.add_server(start, end, model=path, extra_args=flags, wait=False, name=f"{path.name}-{start}")
                for start, end in placement]
     try:
