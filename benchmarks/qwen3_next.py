@@ -23,6 +23,7 @@ the timed steps, all within max_length L):
 
     python benchmarks/qwen3_next.py                     # 4 blocks on 2 servers, 3 rounds
     python benchmarks/qwen3_next.py --blocks 8 --rounds 5
+    python benchmarks/qwen3_next.py --lengths 1024     # the 1k session alone, 4 minutes
     python benchmarks/qwen3_next.py --tiny              # toy sizes, seconds (tests/swarm/test_qwen3_next_bench.py)
 """
 
@@ -276,9 +277,11 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4, help="blocks of the model, a multiple of 4 (default 4)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="timed one-token steps per runner and round")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None, help="session lengths (default 1024 8192)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes (hidden 64, sessions of 48 and 160)")
     args = parser.parse_args()
     shape, lengths = (TINY, TINY_LENGTHS) if args.tiny else (SHAPE, LENGTHS)
+    lengths = args.lengths or lengths
     placement = split_blocks(args.blocks, 2)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; Qwen3-Next's block shapes"
           f"{' (tiny)' if args.tiny else ''}, {args.blocks} blocks, servers {placement}; {args.rounds} rounds of "
