@@ -76,6 +76,8 @@ def test_metrics_count_a_generation(metered_server, swarm, fresh_model, referenc
     assert ours.tolist() == reference_model.generate(PROMPT, max_new_tokens=NEW_TOKENS, do_sample=False).tolist()
     assert value(during, "bloompeer_server_open_sessions") == 1
     assert value(during, "bloompeer_server_cache_tokens_used") == 64
+    per_token = value(during, "bloompeer_server_cache_bytes_used") / 64  # 4 blocks' keys and values, the mask's byte
+    assert per_token == 4 * 2 * 64 * 4 + 1
     assert value(during, "bloompeer_server_cache_tokens_free") == free_before - 64
 
     def closed():

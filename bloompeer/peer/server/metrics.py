@@ -36,6 +36,7 @@ class LiveState:
 
     open_sessions: Callable[[], int]
     cache_tokens_used: Callable[[], int]
+    cache_bytes_used: Callable[[], int]
     cache_tokens_free: Callable[[], int]
     queue_depth: Callable[[], int]
 
@@ -78,6 +79,8 @@ class ServerMetrics:
                 "open_sessions": "Inference sessions open now",
                 "cache_tokens_used": "Attention cache reserved by open sessions, in tokens over the served blocks",
                 "cache_tokens_free": "Attention cache free for new sessions, in tokens over the served blocks",
+                "cache_bytes_used": "Session cache reserved by open sessions, in bytes: keys and values for every "
+                                    "token of a session's max_length, and a recurrent block's state per session",
                 "queue_depth": "Requests waiting for the compute thread",
             }.items()
         }

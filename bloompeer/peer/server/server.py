@@ -145,6 +145,7 @@ class Server:
             open_sessions=lambda: len(self.service.registry.sessions),
             queue_depth=lambda: self.service.scheduler.queue_depth,
             cache_tokens_used=lambda: self.service.budget.used_bytes // self.service.budget.bytes_per_token,
+            cache_bytes_used=lambda: self.service.budget.used_bytes,
             cache_tokens_free=lambda: self.service.budget.tokens_left))
 
     def _start_background_tasks(self) -> None:
