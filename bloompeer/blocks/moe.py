@@ -34,7 +34,7 @@ from .span import Linear
 
 __all__ = [
     "GptOssExpert", "GroupLimitedRouter", "MixtralExpert", "Router", "SparseMoe", "softmax_then_top_k",
-    "split_fused_experts", "top_k_then_softmax",
+    "split_fused_experts", "split_stacked_experts", "top_k_then_softmax",
 ]
 
 Choice = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]  # (logits [T, E], k) -> weights, experts
@@ -208,4 +208,18 @@ def split_fused_experts(state: dict[str, torch.Tensor], prefix: str) -> dict[str
             state[f"{prefix}{index}.{layer}.weight"] = weight.t()
         for index, bias in enumerate(fused.get(f"{layer}_bias", torch.empty(0)).unbind(0)):
             state[f"{prefix}{index}.{layer}.bias"] = bias
+    return state
+
+
+def split_stacked_experts(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """Experts stacked as transformers holds them: `{prefix}gate_up_proj` [E, 2I, H] (each expert's gate rows,
+    then its up rows) and `{prefix}down_proj` [E, H, I] become `{prefix}{j}.gate_proj.weight` [I, H],
+    `.up_proj.weight` and `.down_proj.weight` for each expert j; a block stored expert by expert passes
+    unchanged. Qwen3.5-MoE's checkpoints may come either way: transformers reads both (its conversion
+    mapping merges per-expert tensors; stacked ones are its own parameters), so a server does too."""
+    stacked = {name: state.pop(prefix + name) for name in ("gate_up_proj", "down_proj") if prefix + name in state}
+    for index, weight in enumerate(stacked.get("gate_up_proj", torch.empty(0)).unbind(0)):
+        state[f"{prefix}{index}.gate_proj.weight"], state[f"{prefix}{index}.up_proj.weight"] = weight.chunk(2)
+    for index, weight in enumerate(stacked.get("down_proj", torch.empty(0)).unbind(0)):
+        state[f"{prefix}{index}.down_proj.weight"] = weight
     return state

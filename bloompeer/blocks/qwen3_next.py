@@ -13,7 +13,8 @@ Qwen3.5 is Qwen3-Next with, read from transformers 5.25's modular_qwen3_5.py and
 - its Gated DeltaNet's projections apart and in plain order (`Qwen35GatedDeltaNet`);
 - Qwen3.5 (dense): every block's MLP dense (Qwen3NextMLP: SwiGLU of intermediate_size);
 - Qwen3.5-MoE: every block sparse (no decoder_sparse_step, no mlp_only_layers), Qwen3-Next's experts and
-  shared expert, its router Qwen3-VL-MoE's, which always renormalizes the top k (no norm_topk_prob);
+  shared expert, its router Qwen3-VL-MoE's, which always renormalizes the top k (no norm_topk_prob); its
+  experts read stored expert by expert or stacked (moe.py split_stacked_experts);
 - multimodal rotary (mrope: mrope_section, interleaved) that rotates a text token as plain partial rotary
   does: a text token's temporal, height and width positions are all its position, so every frequency
   sees that one position (transformers expands text position ids to the three axes alike).
@@ -32,6 +33,7 @@ from torch import nn
 from .attention_inputs import AttentionInputs, PassAttention
 from .gated_deltanet import DeltaNetSegment, GatedDeltaNet, Qwen35GatedDeltaNet, recurrent_layout
 from .kv_cache import Layout
+from .moe import split_stacked_experts
 from .llama import (
     LLAMA, LlamaSpan, Variant, client_modules, norm_of, qwen_experts_mlp, qwen_moe_experts, qwen_moe_mlp, variant_of,
 )
@@ -54,7 +56,8 @@ _VARIANTS = {
 _VARIANTS |= {  # Qwen3.5's text models, as Qwen3-Next's differences (the module's docstring)
     "qwen3_5_text": lambda c: replace(_VARIANTS["qwen3_next"](c), experts=None, make_mlp=None),
     "qwen3_5_moe_text": lambda c: replace(_VARIANTS["qwen3_next"](c), experts=_qwen3_5_moe_experts,
-                                          make_mlp=lambda config, i: qwen_experts_mlp(config, True, renormalize=True)),
+                                          make_mlp=lambda config, i: qwen_experts_mlp(config, True, renormalize=True),
+                                          convert=lambda state: split_stacked_experts(state, "mlp.experts.")),
 }
 # each model type's Gated DeltaNet layer
 _DELTANETS = {"qwen3_next": GatedDeltaNet, "qwen3_5_text": Qwen35GatedDeltaNet, "qwen3_5_moe_text": Qwen35GatedDeltaNet}

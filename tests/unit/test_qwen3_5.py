@@ -5,9 +5,11 @@ blocks as its differences from Qwen3-Next say, the client holding the text model
 and images refused with a clear error. Their blocks' exactness: test_qwen3_next_blocks.py (`any_model`)."""
 
 import json
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 
 from bloompeer import AutoDistributedModelForCausalLM
@@ -83,3 +85,41 @@ def test_images_are_refused_with_a_clear_error_before_any_session(qwen3_5_checkp
         ours.generate(IDS[:1], pixel_values=pixels, image_grid_thw=grid, max_new_tokens=2)
     with pytest.raises(RequestError, match="pixel_values_videos"):
         ours(IDS[:1], pixel_values_videos=pixels)
+
+
+def _stacked_experts_copy(path, directory):
+    """The checkpoint with every block's experts stacked as transformers holds them (gate_up_proj [E, 2I, H],
+    down_proj [E, H, I]), the layout vLLM's Qwen3.5-MoE loader also reads."""
+    shutil.copytree(path, directory)
+    weight_map = {}
+    for shard in sorted(directory.glob("*.safetensors")):
+        tensors = load_file(shard)
+        prefixes = {name.split("experts.")[0] + "experts." for name in tensors if ".mlp.experts." in name}
+        for prefix in prefixes:
+            count = len({name for name in tensors if name.startswith(prefix) and name.endswith(".down_proj.weight")})
+            take = [[tensors.pop(f"{prefix}{j}.{part}.weight") for j in range(count)]
+                    for part in ("gate_proj", "up_proj", "down_proj")]
+            tensors[prefix + "gate_up_proj"] = torch.cat([torch.stack(take[0]), torch.stack(take[1])], dim=1)
+            tensors[prefix + "down_proj"] = torch.stack(take[2])
+        save_file(tensors, shard, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(tensors, shard.name)
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        index.write_text(json.dumps(json.loads(index.read_text()) | {"weight_map": weight_map}))
+    return directory
+
+
+def test_experts_stored_stacked_load_as_stored_expert_by_expert(qwen3_5_checkpoints, tmp_path):
+    """Qwen3.5-MoE's experts stacked (moe.py split_stacked_experts) load into the very blocks the per-expert
+    layout gives, and transformers reads that checkpoint as the same model."""
+    per_expert = qwen3_5_checkpoints["qwen3_5_moe"]
+    stacked = _stacked_experts_copy(per_expert, tmp_path / "stacked")
+    assert any(name.endswith("mlp.experts.gate_up_proj") for name in open_checkpoint(stacked).weight_map())
+    ours = open_checkpoint(stacked).load_span(0, 4, torch.float32).state_dict()
+    expected = open_checkpoint(per_expert).load_span(0, 4, torch.float32).state_dict()
+    assert ours.keys() == expected.keys()
+    assert all(torch.equal(ours[name], expected[name]) for name in expected)
+    with torch.inference_mode():
+        logits = [AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()(IDS).logits
+                  for path in (per_expert, stacked)]
+    assert torch.equal(*logits)
