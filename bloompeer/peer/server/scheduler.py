@@ -35,9 +35,6 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
 
 import torch
@@ -48,9 +45,10 @@ from ...blocks.step_graphs import StepGraphs
 from ...p2p import BackwardRequest, ErrorCode, ProtocolError, Step
 from .compute import ComputeWorker
 from .metrics import ServerMetrics
+from .scheduled_work import Pass, Priority, Work, prompts_within
 from .step_clock import StepClock
 
-__all__ = ["Priority", "Scheduler"]
+__all__ = ["Scheduler"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,46 +58,6 @@ logger = logging.getLogger(__name__)
 GATHER_SHARE = 0.25
 # The longest previous pass after which a lone session's step may run on the event loop's thread.
 RUN_NOW_MAX_PASS_S = 0.005
-
-
-class Priority(IntEnum):
-    INFERENCE = 0
-    FORWARD = 1
-    BACKWARD = 2
-
-
-@dataclass(order=True)
-class _Work:
-    """A request waiting for the compute thread. Inference work has a `segment` and may share a
-    pass with other inference work of the same `group` (block range); other work has `run`."""
-
-    priority: Priority
-    order: int  # FIFO within a priority
-    group: tuple = field(compare=False)
-    rows: int = field(compare=False)
-    segment: Callable[[], Segment] | None = field(compare=False, default=None)  # on the compute thread
-    run: Callable[[], Any] | None = field(compare=False, default=None)  # on the compute thread
-    rollback: Callable[[], None] = field(compare=False, default=lambda: None)
-    finish: Callable[[torch.Tensor], torch.Tensor] = field(compare=False, default=lambda output: output)
-    future: asyncio.Future = field(compare=False, default=None)
-    session: str | None = field(compare=False, default=None)  # an inference step's Session.id
-    submitted: float = field(compare=False, default=0.0)  # time.perf_counter() when queued
-    started: float = field(compare=False, default=0.0)  # its pass on the compute thread
-    ended: float = field(compare=False, default=0.0)
-
-
-@dataclass(frozen=True)
-class _Pass:
-    sessions: frozenset[str]
-    seconds: float
-    rows: int
-
-
-def _prompts_within(prompts: torch.Tensor | None, begin: int, end: int) -> torch.Tensor | None:
-    """The deep prompts for the new tokens [begin, end) of a step (they cover its first k tokens)."""
-    if prompts is None or begin >= prompts.shape[2]:
-        return None
-    return prompts[:, :, begin:end]
 
 
 class Scheduler:
@@ -127,10 +85,10 @@ class Scheduler:
         self.device, self.dtype = device, dtype
         # on a GPU, decode passes replay CUDA graphs where they can (blocks/step_graphs.py); the CPU runs eagerly
         self.step_graphs = StepGraphs(span) if torch.device(device).type == "cuda" else None
-        self._queue: list[_Work] = []
+        self._queue: list[Work] = []
         self._ready = asyncio.Event()
         self._arrived = asyncio.Event()  # set by every submission: what a gathering wait waits on
-        self._last_pass: dict[tuple, _Pass] = {}  # an inference group's last pass
+        self._last_pass: dict[tuple, Pass] = {}  # an inference group's last pass
         self._order = itertools.count()
         self._stopped = False
         self._idle = asyncio.Event()  # set while no pass runs
@@ -157,14 +115,14 @@ class Scheduler:
             end = min(num_new, begin + chunk)
             part = Step(step.position + begin, step.hidden[:, begin:end],
                         None if step.padding_mask is None else step.padding_mask[:, begin:end],
-                        step.hypo_ids if begin == 0 else None, prompts=_prompts_within(step.prompts, begin, end))
+                        step.hypo_ids if begin == 0 else None, prompts=prompts_within(step.prompts, begin, end))
             work = self._inference_work(session_id, cache, part)
             outputs.append(await self._submit(work))
             if clock is not None:
                 clock.add_pass(work.submitted, work.started, work.ended)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
 
-    def _inference_work(self, session_id: str, cache: SessionCache, step: Step) -> _Work:
+    def _inference_work(self, session_id: str, cache: SessionCache, step: Step) -> Work:
         length_before = cache.length
         num_new = step.hidden.shape[1]
         reordered = step.hypo_ids is None
@@ -184,7 +142,7 @@ class Scheduler:
         def rollback() -> None:
             cache.restore_length(length_before)
 
-        return _Work(Priority.INFERENCE, next(self._order), ("inference", cache.start, cache.end),
+        return Work(Priority.INFERENCE, next(self._order), ("inference", cache.start, cache.end),
                      step.hidden.shape[0] * num_new, segment=segment, rollback=rollback,
                      finish=lambda output: output.to("cpu", step.hidden.dtype), session=session_id)
 
@@ -211,7 +169,7 @@ class Scheduler:
                                self._on_device(prompts))
             return output.to("cpu", hidden.dtype)
 
-        return await self._submit(_Work(Priority.FORWARD, next(self._order), ("forward",), rows, run=run))
+        return await self._submit(Work(Priority.FORWARD, next(self._order), ("forward",), rows, run=run))
 
     async def backward(self, request: BackwardRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Gradients with respect to the span's input and deep prompts: the forward is recomputed
@@ -229,9 +187,9 @@ class Scheduler:
             grad_prompts = None if prompts is None else grads[1].to("cpu", request.prompts.dtype)
             return grads[0].to("cpu", request.hidden.dtype), grad_prompts
 
-        return await self._submit(_Work(Priority.BACKWARD, next(self._order), ("backward",), rows, run=run))
+        return await self._submit(Work(Priority.BACKWARD, next(self._order), ("backward",), rows, run=run))
 
-    async def _submit(self, work: _Work) -> torch.Tensor:
+    async def _submit(self, work: Work) -> torch.Tensor:
         if self._stopped:
             raise _moved_away()
         if self._runs_now(work):
@@ -243,7 +201,7 @@ class Scheduler:
         self._arrived.set()
         return await work.future
 
-    def _runs_now(self, work: _Work) -> bool:
+    def _runs_now(self, work: Work) -> bool:
         """Whether `work` is a lone session's short step to run on this thread now (the module's docstring
         says why). Asked only while no pass runs, so the compute thread's choice is this thread's to consult."""
         if work.segment is None or self._queue or not self._idle.is_set() or self.batch_wait_s:
@@ -252,7 +210,7 @@ class Scheduler:
         return (previous is not None and previous.sessions == {work.session} and work.rows <= previous.rows
                 and previous.seconds <= RUN_NOW_MAX_PASS_S and self.compute.runs_here(work.rows))
 
-    def _run_now(self, work: _Work) -> torch.Tensor:
+    def _run_now(self, work: Work) -> torch.Tensor:
         work.submitted = started = time.perf_counter()
         self._idle.clear()
         try:
@@ -264,10 +222,10 @@ class Scheduler:
             raise error
         return output
 
-    def _account(self, batch: list[_Work], rows: int, started: float) -> None:
+    def _account(self, batch: list[Work], rows: int, started: float) -> None:
         """Note a pass that ran `batch` from `started` (a time.perf_counter()) until now."""
         if batch[0].segment is not None:
-            self._last_pass[batch[0].group] = _Pass(frozenset(work.session for work in batch),
+            self._last_pass[batch[0].group] = Pass(frozenset(work.session for work in batch),
                                                     time.perf_counter() - started, rows)
         self.batches_run += 1
         self.requests_run += len(batch)
@@ -300,7 +258,7 @@ class Scheduler:
             except asyncio.TimeoutError:
                 return
 
-    def _next_batch(self) -> list[_Work]:
+    def _next_batch(self) -> list[Work]:
         """The first waiting work, plus any work of its group that fits (in queue order), one step per
         session: two steps of one cache in a pass would write to it at once."""
         first = heapq.heappop(self._queue)
@@ -360,7 +318,7 @@ class Scheduler:
                 else:
                     work.future.set_result(output)
 
-    def _execute(self, batch: list[_Work]) -> list[tuple[Any, BaseException | None]]:
+    def _execute(self, batch: list[Work]) -> list[tuple[Any, BaseException | None]]:
         """On the compute thread: one pass for the batch (timed on each work), or each work alone if it fails."""
         started = time.perf_counter()
         results = self._execute_pass(batch)
@@ -369,7 +327,7 @@ class Scheduler:
             work.started, work.ended = started, ended
         return results
 
-    def _execute_pass(self, batch: list[_Work]) -> list[tuple[Any, BaseException | None]]:
+    def _execute_pass(self, batch: list[Work]) -> list[tuple[Any, BaseException | None]]:
         with torch.inference_mode(batch[0].priority is not Priority.BACKWARD):
             if len(batch) > 1:
                 try:
@@ -388,7 +346,7 @@ class Scheduler:
             return self.step_graphs.forward(segments, *group[1:])
         return self.span.forward_segments(segments, *group[1:])
 
-    def _execute_alone(self, work: _Work) -> tuple[Any, BaseException | None]:
+    def _execute_alone(self, work: Work) -> tuple[Any, BaseException | None]:
         try:
             if work.segment is not None:
                 output = self._inference_pass([work.segment()], work.group)[0]
