@@ -143,8 +143,8 @@ class Scheduler:
             cache.restore_length(length_before)
 
         return Work(Priority.INFERENCE, next(self._order), ("inference", cache.start, cache.end),
-                     step.hidden.shape[0] * num_new, segment=segment, rollback=rollback,
-                     finish=lambda output: output.to("cpu", step.hidden.dtype), session=session_id)
+                    step.hidden.shape[0] * num_new, segment=segment, rollback=rollback,
+                    finish=lambda output: output.to("cpu", step.hidden.dtype), session=session_id)
 
     def _check_rows(self, hidden: torch.Tensor) -> int:
         rows = hidden.shape[0] * hidden.shape[1]
