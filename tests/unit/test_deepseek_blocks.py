@@ -18,15 +18,12 @@ from bloompeer.weight_format import WeightFormat
 
 from ..conftest import DEEPSEEK_FAMILY
 from ..helpers.fp8 import write_fp8_checkpoint
+from .transformers_checks import assert_full_forward_equal, generate_positions
 
 # a text past YaRN's original 16 positions, left-padded in one row
 IDS = torch.tensor([[0, 0, 0, *range(5, 22)], list(range(30, 50))])
 MASK = torch.tensor([[0, 0, 0] + [1] * 17, [1] * 20]).bool()
 CHUNKS = [(0, 9), (9, 1), (10, 1), (11, 4), (15, 1), (13, 3), (16, 4)]  # (13, 3): 2 rejected tokens rolled back
-
-
-def _positions(mask: torch.Tensor) -> torch.Tensor:
-    return (mask.long().cumsum(-1) - 1).masked_fill(~mask, 0)
 
 
 def _loaded(name: str, deepseek_checkpoints) -> tuple:
@@ -79,15 +76,8 @@ def test_the_router_chooses_and_weighs_as_transformers(variant):
 def test_a_full_forward_equals_transformers(variant):
     name, reference, spans = variant
     for mask in (None, MASK):
-        positions = None if mask is None else _positions(mask)
-        expected = reference.model(IDS, attention_mask=mask, position_ids=positions).last_hidden_state
-        hidden = reference.model.embed_tokens(IDS)
-        for span in spans:
-            hidden = span(hidden, mask)
-        real = torch.ones_like(MASK) if mask is None else mask
         # bitwise for deepseek_v3 and glm4_moe; 2.4e-7 for the other (its expanded keys, measured)
-        torch.testing.assert_close(reference.model.norm(hidden)[real], expected[real], rtol=0,
-                                   atol=0 if name != "deepseek_v3-no-q-lora" else 1e-6)
+        assert_full_forward_equal(reference, spans, IDS, mask, atol=0 if name != "deepseek_v3-no-q-lora" else 1e-6)
 
 
 @torch.no_grad()
@@ -115,7 +105,7 @@ def _check_steps_and_rollback(variant):
         for position, num_new in CHUNKS:
             new = slice(position, position + num_new)
             attention = None if mask is None else mask[:, :new.stop]
-            positions = None if mask is None else _positions(attention)
+            positions = None if mask is None else generate_positions(attention)
             expected = reference(IDS[:, :new.stop], attention_mask=attention, position_ids=positions).logits[:, new]
             hidden = embedded[:, new]
             for span, cache in zip(spans, caches):
@@ -134,7 +124,7 @@ def test_transformers_own_cache_gives_what_a_full_forward_does(variant):
     theirs = DynamicCache(config=reference.config)
     for position, num_new in CHUNKS[:4]:
         new = slice(position, position + num_new)
-        mask, positions = MASK[:, :new.stop], _positions(MASK[:, :new.stop])
+        mask, positions = MASK[:, :new.stop], generate_positions(MASK[:, :new.stop])
         stepped = reference(IDS[:, new], attention_mask=mask, position_ids=positions[:, new], cache=theirs,
                             use_cache=True).logits
         whole = reference(IDS[:, :new.stop], attention_mask=mask, position_ids=positions).logits[:, new]
@@ -201,7 +191,7 @@ def test_deepseek_published_in_fp8_loads_as_transformers_dequantizes_it(fp8_deep
     floats = open_checkpoint(deepseek_checkpoints["deepseek_v3"]).load_span(1, 2, torch.float32).blocks[0]
     error = (ours.self_attn.q_a_proj.weight - floats.self_attn.q_a_proj.weight).norm()
     assert 0 < error < 0.1 * floats.self_attn.q_a_proj.weight.norm()  # rounded to 8 bits, not garbled
-    expected = reference.model(IDS, attention_mask=MASK, position_ids=_positions(MASK)).last_hidden_state
+    expected = reference.model(IDS, attention_mask=MASK, position_ids=generate_positions(MASK)).last_hidden_state
     hidden = span(reference.model.embed_tokens(IDS), MASK)
     torch.testing.assert_close(reference.model.norm(hidden)[MASK], expected[MASK], rtol=0, atol=0)
 

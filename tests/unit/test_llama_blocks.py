@@ -4,7 +4,7 @@ the same weights, in float32."""
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
+from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from bloompeer.blocks import Segment, open_checkpoint
@@ -12,15 +12,11 @@ from bloompeer.blocks.llama import LlamaSpan
 from bloompeer.blocks.rope import ROPE_TYPES, rope_frequencies
 
 from ..conftest import LLAMA_FAMILY
+from .transformers_checks import assert_cached_steps_equal, assert_full_forward_equal
 
 IDS = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9, 10, 11, 12, 13], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]])
 MASK = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 12]).bool()
 CHUNKS = [(0, 5), (5, 1), (6, 1), (7, 4), (11, 1)]  # a prefill, decode steps, a speculative-sized step
-
-
-def _positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids as transformers' generate derives them from the attention mask."""
-    return (mask.long().cumsum(-1) - 1).masked_fill(~mask, 0)
 
 
 @pytest.fixture(scope="module", params=sorted(LLAMA_FAMILY))
@@ -38,13 +34,7 @@ def test_a_full_forward_is_bitwise_transformers(variant):
     """One request alone, written op for op: equal, not close (padding included, real positions)."""
     _, reference, spans = variant
     for mask in (None, MASK):
-        positions = None if mask is None else _positions(mask)
-        expected = reference.model(IDS, attention_mask=mask, position_ids=positions).last_hidden_state
-        hidden = reference.model.embed_tokens(IDS)
-        for span in spans:
-            hidden = span(hidden, mask)
-        real = torch.ones_like(MASK) if mask is None else mask
-        torch.testing.assert_close(reference.model.norm(hidden)[real], expected[real], rtol=0, atol=0)
+        assert_full_forward_equal(reference, spans, IDS, mask, atol=0)
 
 
 @torch.no_grad()
@@ -52,22 +42,7 @@ def test_steps_with_a_cache_equal_transformers_with_its_cache(variant):
     """Prefill, decode and multi-token steps against transformers' DynamicCache, step for step."""
     _, reference, spans = variant
     for mask in (None, MASK):
-        theirs = DynamicCache(config=reference.config)
-        caches = [span.new_cache(span.start, span.end, 2, 16, torch.float32) for span in spans]
-        embedded = reference.model.embed_tokens(IDS)
-        for position, num_new in CHUNKS:
-            new = slice(position, position + num_new)
-            attention = None if mask is None else mask[:, :new.stop]
-            positions = None if mask is None else _positions(attention)[:, new]
-            expected = reference(IDS[:, new], attention_mask=attention, position_ids=positions, cache=theirs,
-                                 use_cache=True).logits
-            hidden = embedded[:, new]
-            for span, cache in zip(spans, caches):
-                hidden = span(hidden, cache.begin_step(position, None if mask is None else mask[:, new], num_new),
-                              cache)
-            real = torch.ones(2, num_new, dtype=torch.bool) if mask is None else mask[:, new]
-            logits = reference.lm_head(reference.model.norm(hidden))
-            torch.testing.assert_close(logits[real], expected[real], rtol=0, atol=1e-5)
+        assert_cached_steps_equal(reference, spans, IDS, mask, CHUNKS, 16)
 
 
 @torch.no_grad()

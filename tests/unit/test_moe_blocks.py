@@ -7,7 +7,7 @@ multiplied as the very tensors it multiplies)."""
 import pytest
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, DynamicCache, Mxfp4Config
+from transformers import AutoModelForCausalLM, Mxfp4Config
 
 from bloompeer.blocks import Segment, open_checkpoint, quantize_block
 from bloompeer.blocks.moe import SparseMoe
@@ -16,14 +16,11 @@ from bloompeer.weight_format import WeightFormat
 
 from ..conftest import MOE_FAMILY
 from ..helpers.mxfp4 import write_mxfp4_checkpoint
+from .transformers_checks import assert_cached_steps_equal, assert_full_forward_equal, generate_positions
 
 IDS = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9, 10, 11, 12, 13], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]])
 MASK = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 12]).bool()
 CHUNKS = [(0, 5), (5, 1), (6, 1), (7, 4), (11, 1)]  # a prefill, decode steps, a speculative-sized step
-
-
-def _positions(mask: torch.Tensor) -> torch.Tensor:
-    return (mask.long().cumsum(-1) - 1).masked_fill(~mask, 0)
 
 
 @pytest.fixture(scope="module", params=sorted(MOE_FAMILY))
@@ -51,35 +48,14 @@ def test_each_variant_is_a_sparse_mixture_where_its_config_says(variant):
 def test_a_full_forward_is_bitwise_transformers(variant):
     _, reference, spans = variant
     for mask in (None, MASK):
-        positions = None if mask is None else _positions(mask)
-        expected = reference.model(IDS, attention_mask=mask, position_ids=positions).last_hidden_state
-        hidden = reference.model.embed_tokens(IDS)
-        for span in spans:
-            hidden = span(hidden, mask)
-        real = torch.ones_like(MASK) if mask is None else mask
-        torch.testing.assert_close(reference.model.norm(hidden)[real], expected[real], rtol=0, atol=0)
+        assert_full_forward_equal(reference, spans, IDS, mask, atol=0)
 
 
 @torch.no_grad()
 def test_steps_with_a_cache_equal_transformers_with_its_cache(variant):
     _, reference, spans = variant
     for mask in (None, MASK):
-        theirs = DynamicCache(config=reference.config)
-        caches = [span.new_cache(span.start, span.end, 2, 16, torch.float32) for span in spans]
-        embedded = reference.model.embed_tokens(IDS)
-        for position, num_new in CHUNKS:
-            new = slice(position, position + num_new)
-            attention = None if mask is None else mask[:, :new.stop]
-            positions = None if mask is None else _positions(attention)[:, new]
-            expected = reference(IDS[:, new], attention_mask=attention, position_ids=positions, cache=theirs,
-                                 use_cache=True).logits
-            hidden = embedded[:, new]
-            for span, cache in zip(spans, caches):
-                hidden = span(hidden, cache.begin_step(position, None if mask is None else mask[:, new], num_new),
-                              cache)
-            real = torch.ones(2, num_new, dtype=torch.bool) if mask is None else mask[:, new]
-            logits = reference.lm_head(reference.model.norm(hidden))
-            torch.testing.assert_close(logits[real], expected[real], rtol=0, atol=1e-5)
+        assert_cached_steps_equal(reference, spans, IDS, mask, CHUNKS, 16)
 
 
 @torch.no_grad()
@@ -115,7 +91,7 @@ def test_gpt_oss_published_in_mxfp4_loads_as_transformers_dequantizes_it(mxfp4_g
     floats = open_checkpoint(moe_checkpoints["gpt_oss"]).load_span(2, 3, torch.float32).blocks[0].feed_forward
     error = (ours[1].gate_up_proj.weight - floats.experts[1].gate_up_proj.weight).norm()
     assert 0 < error < 0.2 * floats.experts[1].gate_up_proj.weight.norm()  # rounded to 4 bits, not garbled
-    expected = reference.model(IDS, attention_mask=MASK, position_ids=_positions(MASK)).last_hidden_state
+    expected = reference.model(IDS, attention_mask=MASK, position_ids=generate_positions(MASK)).last_hidden_state
     hidden = span(reference.model.embed_tokens(IDS), MASK)
     torch.testing.assert_close(reference.model.norm(hidden)[MASK], expected[MASK], rtol=0, atol=0)
 

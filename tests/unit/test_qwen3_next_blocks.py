@@ -9,19 +9,16 @@ plain forward chunks it: within 1e-5)."""
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 
 from bloompeer.blocks import Segment, open_checkpoint
 from bloompeer.blocks.qwen3_next import LinearAttentionBlock, Qwen3NextSpan
 from bloompeer.blocks.kv_cache import SessionCache
 from bloompeer.blocks.recurrent_state import RecurrentLayout, RewindError
+from .transformers_checks import assert_cached_steps_equal, assert_full_forward_equal
 
 LENGTHS = {12: [(0, 5), (5, 1), (6, 1), (7, 4), (11, 1)],  # a prompt within a chunk, steps, a speculative pass
            80: [(0, 70), (70, 1), (71, 1), (72, 7), (79, 1)]}  # a prompt across chunks
-
-
-def _positions(mask: torch.Tensor) -> torch.Tensor:
-    return (mask.long().cumsum(-1) - 1).masked_fill(~mask, 0)
 
 
 def _inputs(length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,13 +65,7 @@ def test_a_full_forward_equals_transformers(any_model, length):
     reference, spans = any_model
     ids, padded = _inputs(length)
     for mask in (None, padded):
-        positions = None if mask is None else _positions(mask)
-        expected = reference.model(ids, attention_mask=mask, position_ids=positions).last_hidden_state
-        hidden = reference.model.embed_tokens(ids)
-        for span in spans:
-            hidden = span(hidden, mask)
-        real = torch.ones_like(padded) if mask is None else mask
-        torch.testing.assert_close(reference.model.norm(hidden)[real], expected[real], rtol=0, atol=1e-5)
+        assert_full_forward_equal(reference, spans, ids, mask, atol=1e-5)
 
 
 @torch.no_grad()
@@ -83,22 +74,7 @@ def test_a_prompt_then_steps_equal_transformers_with_its_cache(any_model, length
     reference, spans = any_model
     ids, padded = _inputs(length)
     for mask in (None, padded):
-        theirs = DynamicCache(config=reference.config)
-        caches = [span.new_cache(span.start, span.end, 2, length, torch.float32) for span in spans]
-        embedded = reference.model.embed_tokens(ids)
-        for position, num_new in LENGTHS[length]:
-            new = slice(position, position + num_new)
-            attention = None if mask is None else mask[:, :new.stop]
-            positions = None if mask is None else _positions(attention)[:, new]
-            expected = reference(ids[:, new], attention_mask=attention, position_ids=positions, cache=theirs,
-                                 use_cache=True).logits
-            hidden = embedded[:, new]
-            for span, cache in zip(spans, caches):
-                hidden = span(hidden, cache.begin_step(position, None if mask is None else mask[:, new], num_new),
-                              cache)
-            real = torch.ones(2, num_new, dtype=torch.bool) if mask is None else mask[:, new]
-            logits = reference.lm_head(reference.model.norm(hidden))
-            torch.testing.assert_close(logits[real], expected[real], rtol=0, atol=1e-5)
+        assert_cached_steps_equal(reference, spans, ids, mask, LENGTHS[length], length)
 
 
 def test_a_sessions_recurrent_state_is_a_cost_per_session(model):
