@@ -30,7 +30,7 @@ from tests.wire import raw_stream
 from .conftest import swarm_client
 from .test_server_memory import rss_mib
 from .test_server_metrics import scrape, value
-from .test_trust import FAST, LIAR, PROMPT, SLOW, _blamed, _expected, _generate
+from .test_trust import FAST, LIAR, PROMPT, SLOW, _blamed, _expected, _generate, _seeing, _view
 
 KINDS = ("none", "int8", "int4")
 MEMORY_HIDDEN, MEMORY_BLOCKS = 1024, 4
@@ -106,8 +106,9 @@ def test_verification_compares_int8_servers_with_each_other_and_bans_only_the_li
         expected = _generate(model)  # the honest int8 server alone
     with swarm_client(swarm, servers["model"], quant_allowed=("int8",), verify_fraction=1.0,
                       request_timeout_s=30.0) as model:
+        _seeing(model, servers["int8"], servers["liar"])
         tokens = _generate(model)
-        assert _blamed(model) == {liar}
+        assert _blamed(model) == {liar}, _view(model)
     assert tokens.tolist() == expected.tolist()
     # every kind allowed, every step checked: the float server and the honest int8 one are each
     # compared with their own kind (the client's own blocks, quantized alike), never with each other
