@@ -157,3 +157,22 @@ def test_other_cores_turning_free_make_a_size_settled_on_one_thread_try_more_at_
     assert choice.choose(ROWS) == 1
     choice.run(ROWS, clock.pass_of(0.06))  # on one thread, the other core free again
     assert [choice.choose(ROWS) for _ in range(TRY_PASSES)] == [2] * TRY_PASSES  # a try, not 128 passes later
+
+
+def test_passes_too_short_to_judge_the_other_cores_read_no_proc_stat(monkeypatch):
+    """A 3 ms decode pass spans no clock tick of the other cores: reading /proc/stat around it (about
+    0.1 ms, at every pass of a small model) could never change the judgement, so it is not read; a
+    size whose recent one-thread passes include one long enough is judged again."""
+    reads = []
+    monkeypatch.setattr(thread_choice, "_idle_ticks", lambda: reads.append(1) or 1000)
+    clock = _fake_clock(monkeypatch)
+    choice = ThreadChoice(max_threads=2)
+    choice._others_ticks_per_s = 100  # one other core, 100 ticks a second: a judgement needs 50 ms
+    choice.run(8, clock.pass_of(0.003), threads=1)  # the size's first pass: its length is not known yet
+    assert len(reads) == 2
+    for _ in range(3):
+        choice.run(8, clock.pass_of(0.003), threads=1)
+    assert len(reads) == 2  # known short: none read
+    choice.record(8, 1, 0.06)  # one of its recent passes lasted 6 ticks
+    choice.run(8, clock.pass_of(0.003), threads=1)
+    assert len(reads) == 4

@@ -78,7 +78,7 @@ class ThreadChoice:
         pass on one thread also says whether the other cores are free."""
         threads = self.choose(rows) if threads is None else threads
         self._set_threads(threads)
-        idle_before = _idle_ticks() if threads == 1 else None
+        idle_before = _idle_ticks() if threads == 1 and self._may_judge(rows) else None
         started = time.perf_counter()
         result = fn()
         seconds = time.perf_counter() - started
@@ -86,6 +86,15 @@ class ThreadChoice:
         if idle_before is not None:
             self._judge_others(idle_before, seconds)
         return result
+
+    def _may_judge(self, rows: int) -> bool:
+        """Whether a one-thread pass of `rows` may last long enough to tell whether the other cores are
+        free (MIN_TICKS): unknown yet, or one of its size's recent passes did. Reading /proc/stat before
+        and after costs about 0.1 ms, which a decode step of a small model would pay at every pass
+        for nothing."""
+        size = self._sizes.get(rows.bit_length())
+        recent = size.recent.get(1) if size is not None else None
+        return not recent or max(recent) * self._others_ticks_per_s >= MIN_TICKS
 
     def _judge_others(self, idle_before: int, seconds: float) -> None:
         possible = seconds * self._others_ticks_per_s  # the other cores' ticks during the pass
