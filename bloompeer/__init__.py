@@ -6,6 +6,7 @@
 The public names load on first use (see _lazy.py).
 """
 
+from . import _openmp  # noqa: F401  (first: it sets what OpenMP reads as torch loads)
 from ._lazy import lazy_attributes
 from ._version import __version__
 from .errors import BloompeerError
