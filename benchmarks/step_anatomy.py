@@ -42,6 +42,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import bloompeer  # noqa: F401  (before torch, as in its CLI: bloompeer/_openmp.py)
 import torch
 from hivemind.p2p import P2P
 from prometheus_client.parser import text_string_to_metric_families
