@@ -90,8 +90,8 @@ class ThreadChoice:
     def _may_judge(self, rows: int) -> bool:
         """Whether a one-thread pass of `rows` may last long enough to tell whether the other cores are
         free (MIN_TICKS): unknown yet, or one of its size's recent passes did. Reading /proc/stat before
-        and after costs about 0.1 ms, which a decode step of a small model would pay at every pass
-        for nothing."""
+        and after costs about 40 us (20 us a read here), which a small model's decode pass would pay
+        at every pass for nothing."""
         size = self._sizes.get(rows.bit_length())
         recent = size.recent.get(1) if size is not None else None
         return not recent or max(recent) * self._others_ticks_per_s >= MIN_TICKS
