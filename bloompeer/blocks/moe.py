@@ -7,7 +7,9 @@ its (token, slot) pairs by expert and runs one matrix product per expert that ha
 span's `linear` seam like every other layer (the batched-pass kernel, quantized experts); a prompt or a
 pass of several sessions' steps is still one product per expert, never one per token. The k outputs of
 a token are then weighted and summed in top-k slot order, as transformers sums them, so that float32
-results stay within rounding of its own whatever k is.
+results stay within rounding of its own whatever k is. A static step (a CUDA graph's, blocks/step_graphs.py)
+cannot size those products on the host: there the experts are stacked (`stack`) and every chosen expert's
+rows go through one grouped product per layer, its group ends found on the device (`_grouped`).
 
 The router runs on each request's rows alone (`rows`): a token's experts never depend on which other
 sessions share the pass. Routers stay in the model's dtype under `--quant` (a quantized router picks
@@ -25,6 +27,7 @@ know; gpt-oss ships its experts fused, and `split_fused_experts` cuts them apart
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +41,8 @@ __all__ = [
 ]
 
 Choice = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]  # (logits [T, E], k) -> weights, experts
+# True while a static step runs (step_graphs.StaticStep.run): stacked experts then compute in one grouped product
+GROUPED_EXPERTS: ContextVar[bool] = ContextVar("grouped_experts", default=False)
 
 
 class Router(nn.Module):
@@ -161,6 +166,41 @@ class SparseMoe(nn.Module):
             self.add_module(shared_name, shared_expert)
         if shared_name == "shared_expert" and shared_expert is not None:
             self.shared_expert_gate = Router(router.weight.shape[1], 1)
+        # layer name -> (weights [E, out, in], biases [E, out] or None), once stack() has run
+        self.stacked: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = None
+
+    def stack(self) -> None:
+        """Hold each expert layer's weights as one [E, out, in] tensor (each expert's nn.Linear a view of
+        it, so no memory is added), for static steps: a CUDA graph cannot run one product per expert
+        chosen, since which ones and how many rows each gets are read on the host; one grouped product
+        over all E, its group ends computed on the device, can. Quantized experts (not nn.Linear) stay
+        as they are, and their blocks run eagerly (static_refusal); so do experts in another dtype than
+        bfloat16 off the CPU, which torch._grouped_mm does not take there (float32 only on the CPU, where
+        the tests run it)."""
+        first = self.experts[0]
+        names = [name for name, _ in first.named_children()]
+        if not all(type(getattr(expert, name)) is nn.Linear for expert in self.experts for name in names):
+            return
+        weight = getattr(first, names[0]).weight
+        if weight.device.type != "cpu" and weight.dtype != torch.bfloat16:
+            return
+        stacked = {}
+        for name in names:
+            layers = [getattr(expert, name) for expert in self.experts]
+            weights = torch.stack([layer.weight.detach() for layer in layers])
+            biases = None if layers[0].bias is None else torch.stack([layer.bias.detach() for layer in layers])
+            for index, layer in enumerate(layers):
+                layer.weight = nn.Parameter(weights[index], requires_grad=layer.weight.requires_grad)
+                if biases is not None:
+                    layer.bias = nn.Parameter(biases[index], requires_grad=layer.bias.requires_grad)
+            stacked[name] = (weights, biases)
+        self.stacked = stacked
+
+    def static_refusal(self) -> str | None:
+        """Why this MLP cannot run in a static step (BlockSpan.static_step_refusal), or None."""
+        if self.stacked is None:
+            return "its experts are not stacked (quantized, or not bfloat16 on a GPU, or not a GPU server: SparseMoe.stack)"
+        return None
 
     def compute(self, hidden: torch.Tensor, linear: Linear, rows: list[int]) -> torch.Tensor:
         """hidden [rows..., H] (normed) -> [rows..., H]; rows: each request's row count in the pass."""
@@ -177,19 +217,42 @@ class SparseMoe(nn.Module):
         """sum over slots s of weights[:, s] * expert[experts[:, s]](x): one product per chosen expert."""
         num_tokens, k = experts.shape
         slots = experts.reshape(-1)  # [T * k], token-major
-        _, order = torch.sort(slots)  # slots grouped by expert, in the order transformers groups them
-        counts = torch.bincount(slots, minlength=len(self.experts)).tolist()
+        grouped_slots, order = torch.sort(slots)  # slots grouped by expert, in the order transformers groups them
         grouped_rows = flat[order // k]
+        if self.stacked is not None and GROUPED_EXPERTS.get():
+            outputs = self._grouped(grouped_rows, grouped_slots)
+        else:
+            outputs = self._one_product_per_expert(grouped_rows, slots, linear)
+        weighted = outputs * weights.reshape(-1)[order, None]  # in the weights' dtype (float32 for Mixtral)
+        in_slot_order = torch.empty_like(weighted)
+        in_slot_order[order] = weighted
+        return in_slot_order.view(num_tokens, k, -1).sum(dim=1).to(flat.dtype)
+
+    def _one_product_per_expert(self, grouped_rows: torch.Tensor, slots: torch.Tensor, linear: Linear) -> torch.Tensor:
+        counts = torch.bincount(slots, minlength=len(self.experts)).tolist()
         outputs = torch.empty_like(grouped_rows)
         start = 0
         for index, count in enumerate(counts):
             if count:
                 outputs[start:start + count] = self.experts[index].compute(grouped_rows[start:start + count], linear)
                 start += count
-        weighted = outputs * weights.reshape(-1)[order, None]  # in the weights' dtype (float32 for Mixtral)
-        in_slot_order = torch.empty_like(weighted)
-        in_slot_order[order] = weighted
-        return in_slot_order.view(num_tokens, k, -1).sum(dim=1).to(flat.dtype)
+        return outputs
+
+    def _grouped(self, grouped_rows: torch.Tensor, grouped_slots: torch.Tensor) -> torch.Tensor:
+        """Every expert's rows through its layers in one grouped product per layer (torch._grouped_mm), group
+        ends from the sorted slots on the device: no host read, the shapes of any pass of as many rows. The
+        expert's own code runs once over all rows (its other ops are row by row), its layers looked up by name."""
+        first = self.experts[0]
+        names = {getattr(first, name): name for name in self.stacked}
+        experts = torch.arange(len(self.experts), device=grouped_slots.device)
+        ends = torch.searchsorted(grouped_slots, experts, right=True).to(torch.int32)
+
+        def grouped(layer: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+            weights, biases = self.stacked[names[layer]]
+            output = torch._grouped_mm(rows, weights.transpose(-2, -1), offs=ends)
+            return output if biases is None else output + biases[grouped_slots]
+
+        return first.compute(grouped_rows, grouped)
 
 
 def split_fused_experts(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

@@ -28,9 +28,11 @@ at most MAX_GRAPHS held, the least recently used dropped first, and none replaye
 holds is gone. Whatever a static step cannot do runs eagerly, decided in one place (`eager_reason`):
 a prompt or any pass of more than one new token, deep prompts, a forward without a cache, more
 sessions or rows than a graph takes, and blocks whose family refuses a static step
-(`BlockSpan.static_step_refusal`: a mixture of experts' routing groups rows by expert in shapes
-chosen on the host, a recurrent block picks its state's slots on the host, dynamic rope reads the
-longest position).
+(`BlockSpan.static_step_refusal`: a recurrent block picks its state's slots on the host, dynamic rope
+reads the longest position, quantized experts have no grouped product). A mixture of experts takes
+static steps with its experts stacked (`SparseMoe.stack`, done as StepGraphs is made): one grouped
+product per layer (torch._grouped_mm) whose group ends come from the sorted choices on the device,
+where its eager pass runs one product per expert chosen, sized on the host.
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ from collections.abc import Callable, Hashable, Sequence
 import torch
 
 from .kv_cache import SessionCache
+from .moe import GROUPED_EXPERTS, SparseMoe
 from .span import BlockSpan, Segment
 
 __all__ = ["GraphKeys", "StaticStep", "StaticStepCache", "StepGraphs", "capture_cuda_graph", "eager_reason",
-           "kv_bucket"]
+           "kv_bucket", "stack_experts"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +63,10 @@ Replay = Callable[[], list[torch.Tensor]]  # runs a captured step again; its out
 
 
 def eager_reason(span: BlockSpan, segments: Sequence[Segment], start: int, end: int,
-                 max_sessions: int = MAX_GRAPH_SESSIONS, max_rows: int = MAX_GRAPH_ROWS) -> str | None:
-    """Why this pass of blocks [start, end) must run eagerly, or None if a graph can run it."""
+                 max_sessions: int = MAX_GRAPH_SESSIONS, max_rows: int = MAX_GRAPH_ROWS,
+                 refusal: Callable[[int, int], str | None] | None = None) -> str | None:
+    """Why this pass of blocks [start, end) must run eagerly, or None if a graph can run it. refusal: the
+    span's static_step_refusal (StepGraphs passes it memoized: it walks a sparse block's modules)."""
     if len(segments) > max_sessions:
         return f"{len(segments)} sessions in one pass: graphs take up to {max_sessions}"
     for segment in segments:
@@ -74,7 +79,14 @@ def eager_reason(span: BlockSpan, segments: Sequence[Segment], start: int, end: 
     rows = sum(segment.hidden.shape[0] for segment in segments)
     if rows > max_rows:
         return f"{rows} rows in one pass: graphs take up to {max_rows}"
-    return span.static_step_refusal(start, end)
+    return (refusal or span.static_step_refusal)(start, end)
+
+
+def stack_experts(span: BlockSpan) -> None:
+    """Stack the experts of every sparse MLP of the span (SparseMoe.stack), so that its blocks take static steps."""
+    for module in span.modules():
+        if isinstance(module, SparseMoe):
+            module.stack()
 
 
 def kv_bucket(lengths: Sequence[int], min_bucket: int = MIN_KV_BUCKET) -> int:
@@ -134,7 +146,11 @@ class StaticStep:
             length = key_index.shape[0]
             visible = cache.padding_mask[:, :length] & (key_index <= index)  # [batch, length]: none past the new
             segments.append(Segment(hidden, visible, StaticStepCache(cache, index, length), query_index=index))
-        return self.span.forward_segments(segments, self.start, self.end)
+        grouped = GROUPED_EXPERTS.set(True)  # stacked experts: one grouped product a layer, no host read
+        try:
+            return self.span.forward_segments(segments, self.start, self.end)
+        finally:
+            GROUPED_EXPERTS.reset(grouped)
 
 
 def capture_cuda_graph(step: StaticStep) -> Replay:
@@ -198,10 +214,17 @@ class StepGraphs:
         self.keys = keys or GraphKeys()
         self.broken: str | None = None  # why capturing failed once (then every pass runs eagerly)
         self.counts = {"replay": 0, "capture": 0, "eager": 0}
+        stack_experts(span)
+        self._refusals: dict[tuple[int, int], str | None] = {}
+
+    def _refusal(self, start: int, end: int) -> str | None:
+        if (start, end) not in self._refusals:
+            self._refusals[start, end] = self.span.static_step_refusal(start, end)
+        return self._refusals[start, end]
 
     def forward(self, segments: Sequence[Segment], start: int, end: int) -> list[torch.Tensor]:
         """span.forward_segments(segments, start, end), through a graph where one serves."""
-        if (self.broken or eager_reason(self.span, segments, start, end)) is not None:
+        if (self.broken or eager_reason(self.span, segments, start, end, refusal=self._refusal)) is not None:
             self.counts["eager"] += 1
             return self.span.forward_segments(segments, start, end)
         order = sorted(range(len(segments)), key=lambda i: id(segments[i].cache))  # one graph whatever the order

@@ -11,15 +11,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from bloompeer.blocks import Segment
-from bloompeer.blocks.step_graphs import GraphKeys, StaticStep, StepGraphs, eager_reason, kv_bucket
+from bloompeer.blocks import Segment, quantize_block
+from bloompeer.blocks.step_graphs import GraphKeys, StaticStep, StepGraphs, eager_reason, kv_bucket, stack_experts
+from bloompeer.weight_format import WeightFormat
 
 from ..conftest import DEEPSEEK_FAMILY, LLAMA_FAMILY, MOE_FAMILY, QWEN3_NEXT
 from ..helpers.tiny_spans import HIDDEN, random_span
 
 
 def _span(name: str, fields: dict, start: int, end: int):
-    return random_span(fields.get("model_type", name), fields, start, end)
+    return random_span(fields.get("model_type", name.split()[0]), fields, start, end)
 
 
 # Every layout a graph serves, two blocks of each: ALiBi (BLOOM), grouped-query attention (Llama), Qwen2's
@@ -27,6 +28,14 @@ def _span(name: str, fields: dict, start: int, end: int):
 # are experts), GLM-4.5's partial rotary, q/k norms and head_dim of 32 (its dense block 0 likewise).
 STATIC = {"bloom": ({}, 0, 2), "llama": (LLAMA_FAMILY["llama"], 0, 2), "qwen2": (LLAMA_FAMILY["qwen2"], 1, 3),
           "deepseek_v3": (DEEPSEEK_FAMILY["deepseek_v3"], 0, 1), "glm4_moe": (DEEPSEEK_FAMILY["glm4_moe"], 0, 1)}
+# Mixtures of experts, their experts stacked as StepGraphs does (SparseMoe.stack): Mixtral's float32 weights,
+# Qwen2-MoE's gated shared expert, Qwen3-MoE's 3 of 8 beside a dense block, gpt-oss's biased experts and
+# sinks, DeepSeek-V3's group-limited router (block 1) after its dense block, GLM-4.5's likewise.
+MOE_STATIC = {"mixtral": (MOE_FAMILY["mixtral"], 0, 2), "qwen2_moe": (MOE_FAMILY["qwen2_moe"], 0, 2),
+              "qwen3_moe": (MOE_FAMILY["qwen3_moe"], 0, 2), "gpt_oss": (MOE_FAMILY["gpt_oss"], 0, 2),
+              "deepseek_v3 experts": (DEEPSEEK_FAMILY["deepseek_v3"], 0, 2),
+              "glm4_moe experts": (DEEPSEEK_FAMILY["glm4_moe"], 0, 2)}
+STATIC |= MOE_STATIC
 MAX_LENGTH = 16
 
 
@@ -119,6 +128,27 @@ def test_blocks_whose_family_reads_the_host_run_eagerly(name, fields, start, end
     assert found == reason if reason is None else reason in found
 
 
+@torch.inference_mode()
+def test_stacked_experts_are_views_of_one_tensor_and_compute_as_before():
+    """SparseMoe.stack adds no memory (each expert's layer is a view of the stacked tensor) and changes nothing
+    an eager pass computes; quantized experts are not stacked, and their blocks keep running eagerly."""
+    span = _span("mixtral", MOE_FAMILY["mixtral"], 0, 2)
+    hidden = torch.randn(2, 3, HIDDEN, generator=torch.Generator().manual_seed(3))
+    before = span(hidden, None)
+    stack_experts(span)
+    moe = span.blocks[0].block_sparse_moe
+    weights, _ = moe.stacked["w1"]
+    assert all(expert.w1.weight.data_ptr() == weights[index].data_ptr() for index, expert in enumerate(moe.experts))
+    assert torch.equal(span(hidden, None), before)
+    assert eager_reason(span, [_segment(span)], 0, 2) is None
+
+    quantized = _span("mixtral", MOE_FAMILY["mixtral"], 0, 2)
+    for block in quantized.blocks:
+        quantize_block(block, WeightFormat.of("int8"))
+    StepGraphs(quantized, capture=_cpu_replay)
+    assert "not stacked" in eager_reason(quantized, [_segment(quantized)], 0, 2)
+
+
 @pytest.mark.parametrize("lengths, bucket", [([3], 64), ([64, 2], 64), ([65], 128), ([100, 900], 1024)])
 def test_a_pass_attends_over_the_power_of_two_that_holds_its_longest_session(lengths, bucket):
     assert kv_bucket(lengths) == bucket
@@ -167,23 +197,30 @@ def test_a_graph_never_replays_over_a_freed_cache(span):
         step.run()
 
 
-def _static_step_on(span, device: str, position: int = 5) -> tuple[StaticStep, object]:
-    """A static step at `position` (and its cache, which the step holds weakly)."""
-    cache = span.new_cache(span.start, span.end, 2, MAX_LENGTH, torch.float32, device)
+def _static_step_on(span, device: str, position: int = 5, dtype=torch.float32) -> tuple[StaticStep, object]:
+    """A static step at `position` (and its cache, which the step holds weakly), experts stacked as StepGraphs does."""
+    span = span.to(device, dtype)
+    stack_experts(span)
+    cache = span.new_cache(span.start, span.end, 2, MAX_LENGTH, dtype, device)
     cache.length = position
     cache.begin_step(position, None, 1)
-    step = StaticStep(span, [cache], span.start, span.end, torch.float32, kv_length=MAX_LENGTH)
-    step.load([Segment(torch.ones(2, 1, HIDDEN, device=device), None, cache)])
+    step = StaticStep(span, [cache], span.start, span.end, dtype, kv_length=MAX_LENGTH)
+    step.load([Segment(torch.ones(2, 1, HIDDEN, device=device, dtype=dtype), None, cache)])
     return step, cache
 
 
-@pytest.mark.parametrize("name", ["bloom", "qwen2", "deepseek_v3"])
+def _meta_dtype(name: str) -> torch.dtype:
+    """On the meta device, as on a GPU, stacked experts' grouped product takes bfloat16 only (SparseMoe.stack)."""
+    return torch.bfloat16 if name in MOE_STATIC else torch.float32
+
+
+@pytest.mark.parametrize("name", ["bloom", "qwen2", "deepseek_v3", "mixtral", "deepseek_v3 experts"])
 @torch.inference_mode()
 def test_a_static_step_reads_nothing_back_to_the_host(name):
     """On the meta device a tensor has no values: any read of one (.item(), .tolist(), bool(), int()) raises.
     The static step runs there; dynamic rope's eager step, which reads the longest position, does not."""
     fields, start, end = STATIC[name]
-    step, _cache = _static_step_on(_span(name, fields, start, end).to("meta"), "meta")
+    step, _cache = _static_step_on(_span(name, fields, start, end), "meta", dtype=_meta_dtype(name))
     step.run()
     dynamic = _span("llama", dict(rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0)), 0, 1)
     cache = dynamic.to("meta").new_cache(0, 1, 2, MAX_LENGTH, torch.float32, "meta")
@@ -211,7 +248,7 @@ def test_after_its_warm_up_a_static_step_takes_nothing_from_the_host(name):
     frequencies were, every pass) would be copied from freed memory at every replay, or refused. After the
     warm-up run that precedes a capture, the step on another device (meta here) touches no host tensor."""
     fields, start, end = STATIC[name]
-    step, _cache = _static_step_on(_span(name, fields, start, end).to("meta"), "meta")
+    step, _cache = _static_step_on(_span(name, fields, start, end), "meta", dtype=_meta_dtype(name))
     step.run()
     with _HostInputs() as host_inputs:
         step.run()
@@ -233,7 +270,7 @@ class _Kernels(TorchDispatchMode):
         return output
 
 
-@pytest.mark.parametrize("name", ["bloom", "qwen2", "deepseek_v3"])
+@pytest.mark.parametrize("name", ["bloom", "qwen2", "deepseek_v3", "mixtral", "deepseek_v3 experts"])
 @torch.inference_mode()
 def test_a_static_step_runs_the_same_kernels_on_the_same_shapes_at_every_position(name):
     """What a graph replays is what it captured: so a step at position 3 must dispatch what a step at 11 does
