@@ -166,8 +166,8 @@ class SparseMoe(nn.Module):
             self.add_module(shared_name, shared_expert)
         if shared_name == "shared_expert" and shared_expert is not None:
             self.shared_expert_gate = Router(router.weight.shape[1], 1)
-        # layer name -> (weights [E, out, in], biases [E, out] or None), once stack() has run
-        self.stacked: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = None
+        # the first expert's layer -> every expert's (weights [E, out, in], biases [E, out] or None), once stacked
+        self.stacked: dict[nn.Module, tuple[torch.Tensor, torch.Tensor | None]] | None = None
 
     def stack(self) -> None:
         """Hold each expert layer's weights as one [E, out, in] tensor (each expert's nn.Linear a view of
@@ -193,13 +193,14 @@ class SparseMoe(nn.Module):
                 layer.weight = nn.Parameter(weights[index], requires_grad=layer.weight.requires_grad)
                 if biases is not None:
                     layer.bias = nn.Parameter(biases[index], requires_grad=layer.bias.requires_grad)
-            stacked[name] = (weights, biases)
+            stacked[layers[0]] = (weights, biases)
         self.stacked = stacked
 
     def static_refusal(self) -> str | None:
         """Why this MLP cannot run in a static step (BlockSpan.static_step_refusal), or None."""
         if self.stacked is None:
-            return "its experts are not stacked (quantized, or not bfloat16 on a GPU, or not a GPU server: SparseMoe.stack)"
+            return ("its experts are not stacked (quantized, or not bfloat16 on a GPU, or not a GPU server: "
+                    "SparseMoe.stack)")
         return None
 
     def compute(self, hidden: torch.Tensor, linear: Linear, rows: list[int]) -> torch.Tensor:
@@ -241,18 +242,17 @@ class SparseMoe(nn.Module):
     def _grouped(self, grouped_rows: torch.Tensor, grouped_slots: torch.Tensor) -> torch.Tensor:
         """Every expert's rows through its layers in one grouped product per layer (torch._grouped_mm), group
         ends from the sorted slots on the device: no host read, the shapes of any pass of as many rows. The
-        expert's own code runs once over all rows (its other ops are row by row), its layers looked up by name."""
-        first = self.experts[0]
-        names = {getattr(first, name): name for name in self.stacked}
+        first expert's code runs once over all rows (its other ops are row by row), each of its layers standing
+        for that layer of every expert."""
         experts = torch.arange(len(self.experts), device=grouped_slots.device)
         ends = torch.searchsorted(grouped_slots, experts, right=True).to(torch.int32)
 
         def grouped(layer: nn.Module, rows: torch.Tensor) -> torch.Tensor:
-            weights, biases = self.stacked[names[layer]]
+            weights, biases = self.stacked[layer]
             output = torch._grouped_mm(rows, weights.transpose(-2, -1), offs=ends)
             return output if biases is None else output + biases[grouped_slots]
 
-        return first.compute(grouped_rows, grouped)
+        return self.experts[0].compute(grouped_rows, grouped)
 
 
 def split_fused_experts(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

@@ -137,7 +137,7 @@ def test_stacked_experts_are_views_of_one_tensor_and_compute_as_before():
     before = span(hidden, None)
     stack_experts(span)
     moe = span.blocks[0].block_sparse_moe
-    weights, _ = moe.stacked["w1"]
+    weights, _ = moe.stacked[moe.experts[0].w1]
     assert all(expert.w1.weight.data_ptr() == weights[index].data_ptr() for index, expert in enumerate(moe.experts))
     assert torch.equal(span(hidden, None), before)
     assert eager_reason(span, [_segment(span)], 0, 2) is None
