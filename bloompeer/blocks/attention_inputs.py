@@ -23,10 +23,11 @@ class AttentionInputs:
         cache = segment.cache
         positions = segment.new_positions()  # [batch, num_new]
         seen_length = None
-        if rope.rope_type == "dynamic":
-            seen_length = rope.dynamic_length(cache.rope_length if cache else None, int(positions.max()) + 1)
+        if rope.rope_type == "dynamic":  # on the device: a static step reads nothing back (step_graphs.py)
+            seen_length = positions.amax() + 1
             if cache is not None:
-                cache.rope_length = seen_length
+                seen_length = rope.dynamic_length(cache.rope_length, seen_length)
+                cache.rope_length.copy_(seen_length)
         cos, sin = rope.cos_sin(positions, segment.hidden.dtype, seen_length)
         self.batch, self.num_new, self.cache = batch, num_new, cache
         self.cos, self.sin = cos[:, :, None], sin[:, :, None]  # [batch, num_new, 1, head_dim]: broadcast over heads

@@ -106,7 +106,8 @@ class SessionCache:
         self.recurrent = _recurrent_state(self.layouts, start, batch, dtype, device)
         self.padding_mask = torch.ones(batch, max_length, dtype=torch.bool, device=device)  # False at padding
         self.length = 0  # tokens cached so far
-        self.rope_length: int | None = None  # dynamic rope's longest sequence so far (see blocks/rope.py)
+        # dynamic rope's longest sequence so far (0: none yet), on the device (blocks/rope.py)
+        self.rope_length = torch.zeros((), dtype=torch.long, device=device)
         self._write_at = 0
 
     @property

@@ -35,7 +35,7 @@ import torch
 
 from ..errors import RequestError
 
-__all__ = ["MAX_ROLLBACK_TOKENS", "LayerStart", "Mix", "RecurrentLayout", "RecurrentState", "RewindError"]
+__all__ = ["MAX_ROLLBACK_TOKENS", "FixedSlots", "LayerStart", "Mix", "RecurrentLayout", "RecurrentState", "RewindError"]
 
 # Tokens of a pass whose inputs a block keeps for a rewind into it (a speculative step: the accepted
 # token and its drafts): 32 covers transformers' default 20 drafts; at Qwen3-Next's shapes it is
@@ -107,9 +107,12 @@ class _BlockState:
 
     def write(self, slot: int, position: int, window: torch.Tensor, state: torch.Tensor) -> None:
         self.positions[slot] = None  # invalid while half written
+        self.store(slot, window, state)
+        self.positions[slot] = position
+
+    def store(self, slot: int, window: torch.Tensor, state: torch.Tensor) -> None:
         self.windows[slot].copy_(window)
         self.states[slot].copy_(state)
-        self.positions[slot] = position
 
     def start_at(self, position: int, mix: Mix) -> tuple[int | None, int]:
         """(the slot holding the state at `position`, None if fresh; the slot the pass may write), first
@@ -180,3 +183,48 @@ class RecurrentState:
         """Beam search: row i of the batch continues from row hypo_ids[i]."""
         for block in self._blocks.values():
             block.reorder(hypo_ids)
+
+    # A static step (step_graphs.py) splits `run` in two: what it computes on the device, from slots fixed when
+    # its graph was captured, and the slots' positions, which only the host keeps, marked before and after.
+
+    def static_slots(self, start: int, end: int) -> tuple[int, ...] | None:
+        """For a one-token step of blocks [start, end): each recurrent block's slot that holds the step's position
+        (the step reads it and writes the other), or None where a block must first re-advance its state after a
+        rollback, or starts afresh, which run eagerly."""
+        blocks = [block for index, block in self._blocks.items() if start <= index < end]
+        slots = tuple(block.slot_at(self._position) for block in blocks) if self._position else (None,)
+        return None if None in slots else slots
+
+    def fixed_slots(self, start: int, end: int, slots: tuple[int, ...]) -> FixedSlots:
+        """The state as a static step of blocks [start, end) computes it, reading `slots` (static_slots)."""
+        indices = [index for index in self._blocks if start <= index < end]
+        return FixedSlots(self, dict(zip(indices, slots, strict=True)))
+
+
+class FixedSlots:
+    """A session's recurrent state as a static step sees it: each block reads the slot it was captured with and
+    writes the other, on the device alone; `begin` and `end`, on the host, mark what that slot holds (invalid
+    while the step runs, as `run` does, so that a failed step can be sent again)."""
+
+    def __init__(self, state: RecurrentState, slots: dict[int, int]):
+        self.state, self.slots = state, slots
+
+    def begin(self) -> None:
+        for index, slot in self.slots.items():
+            block = self.state._blocks[index]
+            block.positions[1 - slot], block.inputs_at = None, None
+
+    def run(self, layer_idx: int, inputs: torch.Tensor, mix: Mix) -> torch.Tensor:
+        """RecurrentState.run for one token from the fixed slot, without touching the host's marks."""
+        block, slot = self.state._blocks[layer_idx], self.slots[layer_idx]
+        output, (window, state) = mix(inputs, block.start(slot))
+        block.store(1 - slot, window, state)
+        block.inputs[:, :1].copy_(inputs)
+        return output
+
+    def end(self) -> None:
+        position = self.state._position  # the step's token's
+        for index, slot in self.slots.items():
+            block = self.state._blocks[index]
+            block.positions[1 - slot] = position + 1
+            block.inputs_at, block.inputs_count = position, 1

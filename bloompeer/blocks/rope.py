@@ -34,14 +34,9 @@ def _linear(params: dict, dim: int, max_positions: int, seq_len: int) -> tuple[t
 
 
 def _dynamic(params: dict, dim: int, max_positions: int, seq_len: int) -> tuple[torch.Tensor, float]:
-    """Dynamic NTK: past the trained length, the base grows with the sequence length.
-
-    transformers computes the grown base from a tensor length (in float32), the initial one from
-    Python numbers (in float64); so do we, for bitwise equal frequencies."""
-    factor = params["factor"]
-    length = max_positions if seq_len <= max_positions else torch.tensor(seq_len)
-    base = params["rope_theta"] * ((factor * length / max_positions) - (factor - 1)) ** (dim / (dim - 2))
-    return _base_inv_freq(base, dim), 1.0
+    """Dynamic NTK at its trained length: the original frequencies (a grown base is computed on the device
+    from the session's length, RotaryFrequencies.dynamic_inv_freq)."""
+    return _base_inv_freq(params["rope_theta"], dim), 1.0
 
 
 def _yarn(params: dict, dim: int, max_positions: int, seq_len: int) -> tuple[torch.Tensor, float]:
@@ -105,13 +100,13 @@ class RotaryFrequencies:
 
     Every type but dynamic has one set of frequencies. Dynamic's depend on the longest sequence
     seen so far (transformers keeps that length on its model; a server keeps it per session, which
-    is what a freshly loaded transformers model computes for one generation), so `inv_freq` takes it.
+    is what a freshly loaded transformers model computes for one generation), so `cos_sin` takes it.
     """
 
     params: dict
     dim: int
     max_positions: int
-    # device -> (frequencies there, in float32; scaling) of a type whose frequencies never change: made once, so
+    # device -> (frequencies there, in float32; scaling), dynamic's at its trained length: made once, so
     # that a pass neither recomputes them on the host nor copies them to a GPU (a copy a CUDA graph cannot hold)
     _on_device: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
@@ -119,36 +114,41 @@ class RotaryFrequencies:
     def rope_type(self) -> str:
         return self.params["rope_type"]
 
-    def inv_freq(self, seen_length: int | None = None) -> tuple[torch.Tensor, float]:
-        """(frequencies [dim / 2], attention scaling) for a sequence whose longest length so far is seen_length."""
-        length = self.max_positions if seen_length is None else seen_length
-        return _COMPUTE[self.rope_type](self.params, self.dim, self.max_positions, length)
+    def inv_freq(self) -> tuple[torch.Tensor, float]:
+        """(frequencies [dim / 2], attention scaling); dynamic's at its trained length."""
+        return _COMPUTE[self.rope_type](self.params, self.dim, self.max_positions, self.max_positions)
 
-    def dynamic_length(self, cached: int | None, seq_len: int) -> int | None:
-        """Dynamic rope's length after a step that reaches seq_len, from the length cached before
-        (None: never grown). transformers grows it past the trained length and resets it when a
-        sequence shorter than that comes after a longer one; other types keep None."""
-        if self.rope_type != "dynamic":
-            return None
-        cached = self.max_positions if cached is None else cached
-        if seq_len > cached:
-            cached = seq_len
-        if seq_len < self.max_positions < cached:
-            cached = self.max_positions
-        return cached
+    def dynamic_length(self, cached: torch.Tensor, seq_len: torch.Tensor) -> torch.Tensor:
+        """Dynamic rope's length after a step that reaches seq_len, from the length cached before (0: none yet),
+        both device tensors []: transformers grows it past the trained length and resets it when a sequence
+        shorter than that comes after a longer one. Any length up to the trained one gives the original
+        frequencies, so starting from 0 rather than from that length changes nothing."""
+        grown = torch.maximum(cached, seq_len)
+        return torch.where((seq_len < self.max_positions) & (grown > self.max_positions), self.max_positions, grown)
+
+    def dynamic_inv_freq(self, length: torch.Tensor) -> torch.Tensor:
+        """Dynamic rope's frequencies for a sequence whose longest length so far is `length` (a device tensor []):
+        past the trained length the base grows with it. Computed on the device, in transformers' arithmetic
+        (its grown base from a tensor length, in float32), without reading the length back to the host, so
+        that a static step (step_graphs.py) computes them too."""
+        original, _ = self._inv_freq_on(length.device)
+        factor, dim = self.params["factor"], self.dim
+        base = self.params["rope_theta"] * ((factor * length / self.max_positions) - (factor - 1)) ** (dim / (dim - 2))
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=length.device).to(dtype=torch.float) / dim
+        return torch.where(length > self.max_positions, 1.0 / (base ** exponents), original)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype,
-                seen_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [batch, tokens, dim] for positions [batch, tokens], in transformers' arithmetic."""
-        inv_freq, scaling = self._inv_freq_on(positions.device, seen_length)
+                seen_length: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [batch, tokens, dim] for positions [batch, tokens], in transformers' arithmetic;
+        seen_length: dynamic rope's longest length so far (dynamic_length)."""
+        inv_freq, scaling = self._inv_freq_on(positions.device)
+        if seen_length is not None:
+            inv_freq = self.dynamic_inv_freq(seen_length)
         freqs = positions[..., None].float() * inv_freq
         angles = torch.cat((freqs, freqs), dim=-1)
         return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
 
-    def _inv_freq_on(self, device: torch.device, seen_length: int | None) -> tuple[torch.Tensor, float]:
-        if seen_length is not None:  # dynamic's, which change with the sequence
-            inv_freq, scaling = self.inv_freq(seen_length)
-            return inv_freq.to(device=device, dtype=torch.float), scaling
+    def _inv_freq_on(self, device: torch.device) -> tuple[torch.Tensor, float]:
         if device not in self._on_device:
             inv_freq, scaling = self.inv_freq()
             self._on_device[device] = inv_freq.to(device=device, dtype=torch.float), scaling

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .batched_linear import BatchedLinears
-from .kv_cache import CacheLayout, Layout, SessionCache, token_positions
+from .kv_cache import Layout, SessionCache, token_positions
 
 __all__ = ["BlockSpan", "Linear", "Segment", "allowed_keys", "float32_parameter_names"]
 
@@ -161,16 +161,13 @@ class BlockSpan(nn.Module):
         """Why blocks [start, end) cannot take a static decode step (step_graphs.py: fixed shapes, no host
         reads, as a CUDA graph replays it), or None if they can. A sparse MLP groups its rows by expert into
         shapes the routing decides (read on the host) unless its experts are stacked (a module that can
-        refuse says why itself: `static_refusal`), and a recurrent block picks its state's slots on the
-        host at every step; a family adds what else its blocks read on the host."""
+        refuse says why itself: `static_refusal`); a family adds what else its blocks read on the host."""
         if any(map(any, self.experts_of(self.config)[start:end])):
             for block in self.blocks[start - self.start:end - self.start]:
                 for module in block.modules():
                     reason = module.static_refusal() if hasattr(module, "static_refusal") else None
                     if reason is not None:
                         return f"a mixture of experts: {reason}"
-        if any(not isinstance(layout, CacheLayout) for layout in self.cache_layouts(start, end)):
-            return "a recurrent block chooses its state's slots on the host at every step"
         return None
 
     def block_state(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -27,12 +27,16 @@ serves a generation, captured on the set's second pass (a set seen once is not w
 at most MAX_GRAPHS held, the least recently used dropped first, and none replayed once a cache it
 holds is gone. Whatever a static step cannot do runs eagerly, decided in one place (`eager_reason`):
 a prompt or any pass of more than one new token, deep prompts, a forward without a cache, more
-sessions or rows than a graph takes, and blocks whose family refuses a static step
-(`BlockSpan.static_step_refusal`: a recurrent block picks its state's slots on the host, dynamic rope
-reads the longest position, quantized experts have no grouped product). A mixture of experts takes
-static steps with its experts stacked (`SparseMoe.stack`, done as StepGraphs is made): one grouped
-product per layer (torch._grouped_mm) whose group ends come from the sorted choices on the device,
-where its eager pass runs one product per expert chosen, sized on the host.
+sessions or rows than a graph takes, a recurrent state that starts afresh or re-advances after a
+rollback, and blocks whose family refuses a static step (`BlockSpan.static_step_refusal`: quantized
+experts have no grouped product). Dynamic rope grows its frequencies on the device from the session's
+longest length (rope.py). A recurrent block (Gated DeltaNet) reads its state from one of two slots and
+writes the other (recurrent_state.py), which the host picks: a graph replays the slots it was captured
+with, so the slots a pass reads are part of its graph's key (`Slots`), the host marks what they hold
+around the replay (`StaticStep.load`, `finish`), and a generation alternates between two graphs. A
+mixture of experts takes static steps with its experts stacked (`SparseMoe.stack`, done as StepGraphs
+is made): one grouped product per layer (torch._grouped_mm) whose group ends come from the sorted
+choices on the device, where its eager pass runs one product per expert chosen, sized on the host.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import torch
 
 from .kv_cache import SessionCache
 from .moe import GROUPED_EXPERTS, SparseMoe
+from .recurrent_state import FixedSlots
 from .span import BlockSpan, Segment
 
 __all__ = ["GraphKeys", "StaticStep", "StaticStepCache", "StepGraphs", "capture_cuda_graph", "eager_reason",
@@ -76,6 +81,8 @@ def eager_reason(span: BlockSpan, segments: Sequence[Segment], start: int, end: 
             return f"{segment.hidden.shape[1]} new tokens (a prompt, or a speculative step): graphs take one"
         if segment.prompts is not None:
             return "deep prompts"
+        if segment.cache.recurrent is not None and segment.cache.recurrent.static_slots(start, end) is None:
+            return "a recurrent state that starts afresh or re-advances after a rollback"
     rows = sum(segment.hidden.shape[0] for segment in segments)
     if rows > max_rows:
         return f"{rows} rows in one pass: graphs take up to {max_rows}"
@@ -95,14 +102,16 @@ def kv_bucket(lengths: Sequence[int], min_bucket: int = MIN_KV_BUCKET) -> int:
     return max(min_bucket, 1 << (max(lengths) - 1).bit_length())
 
 
+Slots = tuple[int, ...] | None  # a session's recurrent blocks' slots a static step reads (None: it has none)
+
+
 class StaticStepCache:
     """A session's cache as a static step writes to it: at a cache index held in a tensor, read over a fixed
-    length (the pass's bucket)."""
+    length (the pass's bucket); its recurrent blocks from fixed slots (recurrent_state.FixedSlots)."""
 
-    recurrent = None  # a recurrent block never takes a static step (BlockSpan.static_step_refusal)
-
-    def __init__(self, cache: SessionCache, index: torch.Tensor, length: int):
-        self.cache, self.index, self.length = cache, index, length
+    def __init__(self, cache: SessionCache, index: torch.Tensor, length: int, recurrent: FixedSlots | None):
+        self.cache, self.index, self.length, self.recurrent = cache, index, length, recurrent
+        self.rope_length = cache.rope_length
 
     def update(self, layer_idx: int, *new: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.cache.update_at(layer_idx, self.index, self.length, *new)
@@ -110,16 +119,18 @@ class StaticStepCache:
 
 class StaticStep:
     """The decode step of a set of sessions through blocks [start, end) with static shapes and buffers, each
-    session attending over its first `kv_length` cache entries (or all of its max_length, if fewer): `load`
-    puts a pass's inputs into the buffers (hidden states, and each new token's cache index, below that
-    length) and `run` computes the step from them alone, reading nothing back to the host, so that a graph
-    captured from `run` replays any later step of these sessions within that length. It holds the caches
-    weakly: a graph must not keep a closed session's memory."""
+    session attending over its first `kv_length` cache entries (or all of its max_length, if fewer) and its
+    recurrent blocks reading the slots `slots` says: `load` puts a pass's inputs into the buffers (hidden
+    states, and each new token's cache index, below that length) and `run` computes the step from them alone,
+    reading nothing back to the host, so that a graph captured from `run` replays any later step of these
+    sessions within that length from those slots; `finish` then marks on the host what the step wrote. It holds
+    the caches weakly: a graph must not keep a closed session's memory."""
 
     def __init__(self, span: BlockSpan, caches: Sequence[SessionCache], start: int, end: int, dtype: torch.dtype,
-                 kv_length: int):
+                 kv_length: int, slots: Sequence[Slots] | None = None):
         self.span, self.start, self.end = span, start, end
         self._caches = [weakref.ref(cache) for cache in caches]
+        self._slots = list(slots or [None] * len(caches))
         self.device = device = caches[0].padding_mask.device
         self.hidden = [torch.zeros(cache.batch, 1, span.config.hidden_size, dtype=dtype, device=device)
                        for cache in caches]  # [batch, 1, hidden] each
@@ -132,25 +143,40 @@ class StaticStep:
 
     def load(self, segments: Sequence[Segment]) -> None:
         """A pass's inputs into the buffers; its caches have begun the step (SessionCache.begin_step)."""
-        for hidden, index, segment in zip(self.hidden, self.index, segments, strict=True):
+        for hidden, index, segment, fixed in zip(self.hidden, self.index, segments, self._fixed(), strict=True):
             hidden.copy_(segment.hidden)
             index.fill_(segment.cache.length - 1)
+            if fixed is not None:
+                fixed.begin()
+
+    def finish(self) -> None:
+        """After the step ran: its recurrent blocks' written slots hold the new position."""
+        for fixed in self._fixed():
+            if fixed is not None:
+                fixed.end()
 
     def run(self) -> list[torch.Tensor]:
         """The step from the buffers: each session's output [batch, 1, hidden]."""
         segments = []
-        for hidden, index, key_index, ref in zip(self.hidden, self.index, self._key_index, self._caches):
+        for hidden, index, key_index, ref, fixed in zip(self.hidden, self.index, self._key_index, self._caches,
+                                                        self._fixed()):
             cache = ref()
-            if cache is None:
-                raise RuntimeError("a static step ran after one of its sessions' caches was freed")
             length = key_index.shape[0]
             visible = cache.padding_mask[:, :length] & (key_index <= index)  # [batch, length]: none past the new
-            segments.append(Segment(hidden, visible, StaticStepCache(cache, index, length), query_index=index))
+            segments.append(Segment(hidden, visible, StaticStepCache(cache, index, length, fixed), query_index=index))
         grouped = GROUPED_EXPERTS.set(True)  # stacked experts: one grouped product a layer, no host read
         try:
             return self.span.forward_segments(segments, self.start, self.end)
         finally:
             GROUPED_EXPERTS.reset(grouped)
+
+    def _fixed(self) -> list[FixedSlots | None]:
+        """Each session's recurrent state as the step computes it (made anew, to hold no cache strongly)."""
+        caches = [ref() for ref in self._caches]
+        if any(cache is None for cache in caches):
+            raise RuntimeError("a static step ran after one of its sessions' caches was freed")
+        return [None if slots is None else cache.recurrent.fixed_slots(self.start, self.end, slots)
+                for cache, slots in zip(caches, self._slots)]
 
 
 def capture_cuda_graph(step: StaticStep) -> Replay:
@@ -231,31 +257,35 @@ class StepGraphs:
         ordered = [segments[i] for i in order]
         caches = [segment.cache for segment in ordered]
         kv_length = kv_bucket([cache.length for cache in caches], self.min_kv_bucket)
-        key = (start, end, kv_length, *(id(cache) for cache in caches))
+        slots = tuple(None if cache.recurrent is None else cache.recurrent.static_slots(start, end) for cache in caches)
+        key = (start, end, kv_length, slots, *(id(cache) for cache in caches))
         plan = self.keys.plan(key)
         if plan == "replay" and not self.keys.graphs[key][0].holds(caches):
             self.keys.drop(key)  # a cache of that set is gone, and this one took its id
             plan = self.keys.plan(key)
         self.counts[plan] += 1
-        replay = None
+        graph = None
         if plan == "capture":
-            replay = self._capture(key, ordered, kv_length)
+            graph = self._capture(key, ordered, kv_length, slots)
         elif plan == "replay":
-            step, replay = self.keys.graphs[key]
-            step.load(ordered)
-        if replay is None:
+            graph = self.keys.graphs[key]
+            graph[0].load(ordered)
+        if graph is None:
             return self.span.forward_segments(segments, start, end)
+        step, replay = graph
         outputs = replay()
+        step.finish()
         in_order = [None] * len(segments)
         for position, index in enumerate(order):
             in_order[index] = outputs[position].clone()  # the graph's buffer is written again by its next replay
         return in_order
 
-    def _capture(self, key: tuple, segments: list[Segment], kv_length: int) -> Replay | None:
+    def _capture(self, key: tuple, segments: list[Segment], kv_length: int,
+                 slots: tuple[Slots, ...]) -> tuple[StaticStep, Replay] | None:
         """Capture the step of these segments' sessions (their inputs loaded); None if it cannot be, and then
         every later pass runs eagerly (an op that cannot be captured would fail every capture)."""
         step = StaticStep(self.span, [segment.cache for segment in segments], *key[:2], segments[0].hidden.dtype,
-                          kv_length)
+                          kv_length, slots)
         step.load(segments)
         try:
             replay = self.capture(step)
@@ -266,4 +296,4 @@ class StepGraphs:
         logger.debug("Captured the decode step of %d sessions through blocks %d:%d over %d cache entries",
                      len(segments), *key[:3])
         self.keys.add(key, step, replay)
-        return replay
+        return step, replay

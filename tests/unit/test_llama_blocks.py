@@ -10,6 +10,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from bloompeer.blocks import Segment, open_checkpoint
 from bloompeer.blocks.llama import LlamaSpan
 from bloompeer.blocks.rope import ROPE_TYPES, rope_frequencies
+from bloompeer.peer.cli.default_model import write_random_checkpoint
 
 from ..conftest import LLAMA_FAMILY
 from .transformers_checks import assert_cached_steps_equal, assert_full_forward_equal
@@ -103,22 +104,43 @@ def test_a_decode_step_never_copies_the_past():
     assert 0 < largest < past_bytes / 4, (largest, past_bytes)
 
 
+@torch.no_grad()
+def test_dynamic_rope_grows_and_resets_as_transformers_does(tmp_path):
+    """Dynamic rope's frequencies follow the session's longest length (kept on the device, rope.py): steps that
+    run past the trained length of 8 and a session that starts again below it equal transformers' cached steps,
+    whose rotary module grows and resets its own."""
+    path = write_random_checkpoint(tmp_path, model_type="llama", num_blocks=2, hidden_size=64, num_heads=4, seed=2,
+                                   initializer_range=0.15, max_position_embeddings=8,
+                                   rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0))
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    spans = [open_checkpoint(path).load_span(0, 2, torch.float32)]
+    for mask in (None, MASK):
+        assert_cached_steps_equal(reference, spans, IDS, mask, CHUNKS, 16)
+        assert_cached_steps_equal(reference, spans, IDS[:, :6], mask, [(0, 5), (5, 1)], 16)  # reset below 8
+
+
 @pytest.mark.parametrize("rope_type", ROPE_TYPES)
-@pytest.mark.parametrize("seq_len", [None, 64])
+@pytest.mark.parametrize("seq_len", [None, 12, 64])
 def test_rope_frequencies_are_transformers_to_the_bit(rope_type, seq_len):
+    """Every type's frequencies; dynamic's at, below and past its trained length of 16, computed from a tensor
+    length as a step computes them (on the device: RotaryFrequencies.dynamic_inv_freq)."""
     parameters = {"default": {}, "linear": {"factor": 2.0}, "dynamic": {"factor": 3.0},
                   "yarn": {"factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 16},
                   "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                              "original_max_position_embeddings": 8}}[rope_type]
     config = LlamaConfig(hidden_size=96, num_attention_heads=3, max_position_embeddings=16,
                          rope_parameters={"rope_type": rope_type, "rope_theta": 500000.0, **parameters})
-    ours, scaling = rope_frequencies(config, 32).inv_freq(seq_len)
+    rope = rope_frequencies(config, 32)
+    ours, scaling = rope.inv_freq()
+    if rope_type == "dynamic" and seq_len is not None:
+        ours = rope.dynamic_inv_freq(torch.tensor(seq_len))
     compute = ROPE_INIT_FUNCTIONS.get(rope_type)
     if compute is None:  # default: transformers keeps it on the rotary module
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
         theirs, their_scaling = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
     else:
-        theirs, their_scaling = compute(config, None, seq_len=None if seq_len is None else torch.tensor(seq_len))
+        grown = seq_len is not None and seq_len > config.max_position_embeddings  # as transformers calls it
+        theirs, their_scaling = compute(config, None, seq_len=torch.tensor(seq_len) if grown else None)
     assert torch.equal(ours, theirs) and scaling == their_scaling
 
 
