@@ -283,10 +283,10 @@ class LlamaSpan(BlockSpan):
         experts = cls.variant_for(config).experts
         return tuple(experts(config, i) if experts else (0, 0) for i in range(config.num_hidden_layers))
 
-    def static_step_refusal(self, start: int, end: int) -> str | None:
+    def static_step_refusal(self, start: int, end: int, rows: int) -> str | None:
         if self.rope.rope_type == "dynamic":
             return "dynamic rope rescales its frequencies by the longest position so far, read on the host"
-        return super().static_step_refusal(start, end)
+        return super().static_step_refusal(start, end, rows)
 
     def block_state(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         convert = self.variant.convert
