@@ -216,7 +216,7 @@ class SparseMoe(nn.Module):
             return None
         return (f"its {experts} experts are not stacked (quantized, or not bfloat16 on a GPU: SparseMoe.stack), "
                 f"and a static step would read all {experts} of them, more than twice the {chosen} that an eager "
-                f"pass of {rows} rows choosing {self.top_k} each reads at most")
+                f"pass reads at most ({rows} row{'s' if rows > 1 else ''} of {self.top_k} choices)")
 
     def compute(self, hidden: torch.Tensor, linear: Linear, rows: list[int]) -> torch.Tensor:
         """hidden [rows..., H] (normed) -> [rows..., H]; rows: each request's row count in the pass."""
@@ -235,12 +235,12 @@ class SparseMoe(nn.Module):
         slots = experts.reshape(-1)  # [T * k], token-major
         grouped_slots, order = torch.sort(slots)  # slots grouped by expert, in the order transformers groups them
         grouped_rows = flat[order // k]
-        if GROUPED_EXPERTS.get() and self.stacked is not None:
-            outputs = self._grouped(grouped_rows, grouped_slots)
-        elif GROUPED_EXPERTS.get():
-            outputs = self._every_expert(grouped_rows, grouped_slots, linear)
-        else:
+        if not GROUPED_EXPERTS.get():
             outputs = self._one_product_per_expert(grouped_rows, slots, linear)
+        elif self.stacked is not None:
+            outputs = self._grouped(grouped_rows, grouped_slots)
+        else:
+            outputs = self._every_expert(grouped_rows, grouped_slots, linear)
         weighted = outputs * weights.reshape(-1)[order, None]  # in the weights' dtype (float32 for Mixtral)
         in_slot_order = torch.empty_like(weighted)
         in_slot_order[order] = weighted

@@ -29,8 +29,8 @@ holds is gone. Whatever a static step cannot do runs eagerly, decided in one pla
 a prompt or any pass of more than one new token, deep prompts, a forward without a cache, more
 sessions or rows than a graph takes, and blocks whose family refuses a static step
 (`BlockSpan.static_step_refusal`: a recurrent block picks its state's slots on the host, dynamic rope
-reads the longest position, experts that cannot be stacked, quantized ones say, compute every expert in a
-static step and so need rows enough for their number: `SparseMoe.static_refusal`). A mixture of experts takes
+reads the longest position, experts that cannot be stacked (quantized ones) compute every expert in a static
+step and so need rows enough for their number: `SparseMoe.static_refusal`). A mixture of experts takes
 static steps with its experts stacked (`SparseMoe.stack`, done as StepGraphs is made): one grouped
 product per layer (torch._grouped_mm) whose group ends come from the sorted choices on the device,
 where its eager pass runs one product per expert chosen, sized on the host.
