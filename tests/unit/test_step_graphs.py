@@ -55,7 +55,11 @@ def test_graphed_decode_steps_equal_eager_ones_in_float32(name):
     of their largest value (rounding: the masked keys' exact zeros summed in), and every cache entry the first
     block writes is bitwise the eager one's. Past Qwen2's window of 5."""
     fields, start, end = STATIC[name]
-    span = _span(name, fields, start, end)
+    _assert_graphed_steps_equal_eager(_span(name, fields, start, end), start, end)
+
+
+def _assert_graphed_steps_equal_eager(span, start: int, end: int) -> None:
+    """The protocol of test_graphed_decode_steps_equal_eager_ones_in_float32 (its docstring), on any span."""
     graphs = StepGraphs(span, capture=_cpu_replay, min_kv_bucket=8)
     generator = torch.Generator().manual_seed(1)
     prompts = [(torch.randn(2, 5, HIDDEN, generator=generator), torch.tensor([[0, 0, 1, 1, 1], [1] * 5]).bool()),
