@@ -9,7 +9,10 @@ pass of several sessions' steps is still one product per expert, never one per t
 a token are then weighted and summed in top-k slot order, as transformers sums them, so that float32
 results stay within rounding of its own whatever k is. A static step (a CUDA graph's, blocks/step_graphs.py)
 cannot size those products on the host: there the experts are stacked (`stack`) and every chosen expert's
-rows go through one grouped product per layer, its group ends found on the device (`_grouped`).
+rows go through one grouped product per layer, its group ends found on the device (`_grouped`). Experts that
+cannot be stacked (quantized, or not bfloat16 on a GPU) compute there every expert over all the rows and keep
+each row's chosen expert's output (`_every_expert`), when the pass has rows enough for that to read at most
+about twice the weights its eager pass would (`static_refusal`).
 
 The router runs on each request's rows alone (`rows`): a token's experts never depend on which other
 sessions share the pass. Routers stay in the model's dtype under `--quant` (a quantized router picks
@@ -41,7 +44,8 @@ __all__ = [
 ]
 
 Choice = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]  # (logits [T, E], k) -> weights, experts
-# True while a static step runs (step_graphs.StaticStep.run): stacked experts then compute in one grouped product
+# True while a static step runs (step_graphs.StaticStep.run): experts then compute without reading the host,
+# stacked ones in one grouped product per layer, others every expert over all the rows (SparseMoe._routed)
 GROUPED_EXPERTS: ContextVar[bool] = ContextVar("grouped_experts", default=False)
 
 
@@ -174,9 +178,9 @@ class SparseMoe(nn.Module):
         it, so no memory is added), for static steps: a CUDA graph cannot run one product per expert
         chosen, since which ones and how many rows each gets are read on the host; one grouped product
         over all E, its group ends computed on the device, can. Quantized experts (not nn.Linear) stay
-        as they are, and their blocks run eagerly (static_refusal); so do experts in another dtype than
-        bfloat16 off the CPU, which torch._grouped_mm does not take there (float32 only on the CPU, where
-        the tests run it)."""
+        as they are, and a static step computes every one of them (`_every_expert`, where the pass has rows
+        enough: static_refusal); so do experts in another dtype than bfloat16 off the CPU, which
+        torch._grouped_mm does not take there (float32 only on the CPU, where the tests run it)."""
         first = self.experts[0]
         names = [name for name, _ in first.named_children()]
         if not all(type(getattr(expert, name)) is nn.Linear for expert in self.experts for name in names):
@@ -196,12 +200,23 @@ class SparseMoe(nn.Module):
             stacked[layers[0]] = (weights, biases)
         self.stacked = stacked
 
-    def static_refusal(self) -> str | None:
-        """Why this MLP cannot run in a static step (BlockSpan.static_step_refusal), or None."""
-        if self.stacked is None:
-            return ("its experts are not stacked (quantized, or not bfloat16 on a GPU, or not a GPU server: "
-                    "SparseMoe.stack)")
-        return None
+    def static_refusal(self, rows: int) -> str | None:
+        """Why this MLP cannot run in a static step of `rows` rows (BlockSpan.static_step_refusal), or None.
+
+        Stacked experts always can: their grouped product reads each chosen expert once, as the eager pass
+        does. Experts that are not stacked compute every one of the E experts over all the rows
+        (`_every_expert`), so such a step reads all E experts' weights where the eager pass reads at most
+        min(E, rows * top_k). A decode step is bound by its weight reads, and what a graph saves is its
+        launches; so the every-expert form is taken only while it reads at most about twice what an eager
+        pass of as many rows reads when their choices differ, E <= 2 * rows * top_k (a bound chosen, not
+        measured: Mixtral's 8 experts of 2 qualify from 2 rows, DeepSeek-V3's 256 of 8 from 16), and a pass
+        of fewer rows runs eagerly."""
+        experts, chosen = len(self.experts), rows * self.top_k
+        if self.stacked is not None or experts <= 2 * chosen:
+            return None
+        return (f"its {experts} experts are not stacked (quantized, or not bfloat16 on a GPU: SparseMoe.stack), "
+                f"and a static step would read all {experts} of them, more than twice the {chosen} that an eager "
+                f"pass reads at most ({rows} row{'s' if rows > 1 else ''} of {self.top_k} choices)")
 
     def compute(self, hidden: torch.Tensor, linear: Linear, rows: list[int]) -> torch.Tensor:
         """hidden [rows..., H] (normed) -> [rows..., H]; rows: each request's row count in the pass."""
@@ -220,10 +235,12 @@ class SparseMoe(nn.Module):
         slots = experts.reshape(-1)  # [T * k], token-major
         grouped_slots, order = torch.sort(slots)  # slots grouped by expert, in the order transformers groups them
         grouped_rows = flat[order // k]
-        if self.stacked is not None and GROUPED_EXPERTS.get():
+        if not GROUPED_EXPERTS.get():
+            outputs = self._one_product_per_expert(grouped_rows, slots, linear)
+        elif self.stacked is not None:
             outputs = self._grouped(grouped_rows, grouped_slots)
         else:
-            outputs = self._one_product_per_expert(grouped_rows, slots, linear)
+            outputs = self._every_expert(grouped_rows, grouped_slots, linear)
         weighted = outputs * weights.reshape(-1)[order, None]  # in the weights' dtype (float32 for Mixtral)
         in_slot_order = torch.empty_like(weighted)
         in_slot_order[order] = weighted
@@ -237,6 +254,17 @@ class SparseMoe(nn.Module):
             if count:
                 outputs[start:start + count] = self.experts[index].compute(grouped_rows[start:start + count], linear)
                 start += count
+        return outputs
+
+    def _every_expert(self, grouped_rows: torch.Tensor, grouped_slots: torch.Tensor, linear: Linear) -> torch.Tensor:
+        """Every expert over all the rows, each row keeping its chosen expert's output: E products of the
+        pass's shapes and no host read, for experts that cannot be stacked (static_refusal says when it is
+        worth the reads). torch.where picks the chosen output itself, not a sum with zeros (an inf or NaN in
+        an expert's output for a row it was not chosen for stays out of that row)."""
+        chosen = grouped_slots[:, None]
+        outputs = self.experts[0].compute(grouped_rows, linear)
+        for index in range(1, len(self.experts)):
+            outputs = torch.where(chosen == index, self.experts[index].compute(grouped_rows, linear), outputs)
         return outputs
 
     def _grouped(self, grouped_rows: torch.Tensor, grouped_slots: torch.Tensor) -> torch.Tensor:

@@ -157,15 +157,17 @@ class BlockSpan(nn.Module):
         one (what `status` and the dashboard show)."""
         return ((0, 0),) * config.num_hidden_layers
 
-    def static_step_refusal(self, start: int, end: int) -> str | None:
-        """Why blocks [start, end) cannot take a static decode step (step_graphs.py: fixed shapes, no host
-        reads, as a CUDA graph replays it), or None if they can. A sparse MLP groups its rows by expert into
-        shapes the routing decides (read on the host) unless its experts are stacked (a module that can
-        refuse says why itself: `static_refusal`); a family adds what else its blocks read on the host."""
+    def static_step_refusal(self, start: int, end: int, rows: int) -> str | None:
+        """Why blocks [start, end) cannot take a static decode step of `rows` rows (step_graphs.py: fixed
+        shapes, no host reads, as a CUDA graph replays it), or None if they can. A sparse MLP's eager pass
+        groups its rows by expert into shapes the routing decides (read on the host); its static form is one
+        grouped product of stacked experts, or, for experts that cannot be stacked, every expert over all the
+        rows, taken only where the pass has rows enough for its reads (a module that can refuse says why
+        itself: `static_refusal(rows)`). A family adds what else its blocks read on the host."""
         if any(map(any, self.experts_of(self.config)[start:end])):
             for block in self.blocks[start - self.start:end - self.start]:
                 for module in block.modules():
-                    reason = module.static_refusal() if hasattr(module, "static_refusal") else None
+                    reason = module.static_refusal(rows) if hasattr(module, "static_refusal") else None
                     if reason is not None:
                         return f"a mixture of experts: {reason}"
         return None

@@ -28,15 +28,16 @@ at most MAX_GRAPHS held, the least recently used dropped first, and none replaye
 holds is gone. Whatever a static step cannot do runs eagerly, decided in one place (`eager_reason`):
 a prompt or any pass of more than one new token, deep prompts, a forward without a cache, more
 sessions or rows than a graph takes, a recurrent state that starts afresh or re-advances after a
-rollback, and blocks whose family refuses a static step (`BlockSpan.static_step_refusal`: quantized
-experts have no grouped product). Dynamic rope grows its frequencies on the device from the session's
-longest length (rope.py). A recurrent block (Gated DeltaNet) reads its state from one of two slots and
-writes the other (recurrent_state.py), which the host picks: a graph replays the slots it was captured
-with, so the slots a pass reads are part of its graph's key (`Slots`), the host marks what they hold
-around the replay (`StaticStep.load`, `finish`), and a generation alternates between two graphs. A
-mixture of experts takes static steps with its experts stacked (`SparseMoe.stack`, done as StepGraphs
-is made): one grouped product per layer (torch._grouped_mm) whose group ends come from the sorted
-choices on the device, where its eager pass runs one product per expert chosen, sized on the host.
+rollback, and blocks whose family refuses a static step (`BlockSpan.static_step_refusal`: experts that
+cannot be stacked, quantized ones, compute every expert in a static step and so need rows enough for
+their number, `SparseMoe.static_refusal`). Dynamic rope grows its frequencies on the device from the
+session's longest length (rope.py). A recurrent block (Gated DeltaNet) reads its state from one of two
+slots and writes the other (recurrent_state.py), which the host picks: a graph replays the slots it was
+captured with, so the slots a pass reads are part of its graph's key (`Slots`), the host marks what
+they hold around the replay (`StaticStep.load`, `finish`), and a generation alternates between two
+graphs. A mixture of experts takes static steps with its experts stacked (`SparseMoe.stack`, done as
+StepGraphs is made): one grouped product per layer (torch._grouped_mm) whose group ends come from the
+sorted choices on the device, where its eager pass runs one product per expert chosen, sized on the host.
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ Replay = Callable[[], list[torch.Tensor]]  # runs a captured step again; its out
 
 def eager_reason(span: BlockSpan, segments: Sequence[Segment], start: int, end: int,
                  max_sessions: int = MAX_GRAPH_SESSIONS, max_rows: int = MAX_GRAPH_ROWS,
-                 refusal: Callable[[int, int], str | None] | None = None) -> str | None:
+                 refusal: Callable[[int, int, int], str | None] | None = None) -> str | None:
     """Why this pass of blocks [start, end) must run eagerly, or None if a graph can run it. refusal: the
-    span's static_step_refusal (StepGraphs passes it memoized: it walks a sparse block's modules)."""
+    span's static_step_refusal, given the pass's rows (StepGraphs passes it memoized: it walks a sparse
+    block's modules)."""
     if len(segments) > max_sessions:
         return f"{len(segments)} sessions in one pass: graphs take up to {max_sessions}"
     for segment in segments:
@@ -86,7 +88,7 @@ def eager_reason(span: BlockSpan, segments: Sequence[Segment], start: int, end: 
     rows = sum(segment.hidden.shape[0] for segment in segments)
     if rows > max_rows:
         return f"{rows} rows in one pass: graphs take up to {max_rows}"
-    return (refusal or span.static_step_refusal)(start, end)
+    return (refusal or span.static_step_refusal)(start, end, rows)
 
 
 def stack_experts(span: BlockSpan) -> None:
@@ -241,12 +243,12 @@ class StepGraphs:
         self.broken: str | None = None  # why capturing failed once (then every pass runs eagerly)
         self.counts = {"replay": 0, "capture": 0, "eager": 0}
         stack_experts(span)
-        self._refusals: dict[tuple[int, int], str | None] = {}
+        self._refusals: dict[tuple[int, int, int], str | None] = {}  # (start, end, rows) -> why eagerly
 
-    def _refusal(self, start: int, end: int) -> str | None:
-        if (start, end) not in self._refusals:
-            self._refusals[start, end] = self.span.static_step_refusal(start, end)
-        return self._refusals[start, end]
+    def _refusal(self, start: int, end: int, rows: int) -> str | None:
+        if (start, end, rows) not in self._refusals:
+            self._refusals[start, end, rows] = self.span.static_step_refusal(start, end, rows)
+        return self._refusals[start, end, rows]
 
     def forward(self, segments: Sequence[Segment], start: int, end: int) -> list[torch.Tensor]:
         """span.forward_segments(segments, start, end), through a graph where one serves."""

@@ -59,7 +59,11 @@ def test_graphed_decode_steps_equal_eager_ones_in_float32(name):
     of their largest value (rounding: the masked keys' exact zeros summed in), and every cache entry the first
     block writes is bitwise the eager one's. Past Qwen2's window of 5."""
     fields, start, end = STATIC[name]
-    span = _span(name, fields, start, end)
+    _assert_graphed_steps_equal_eager(_span(name, fields, start, end), start, end)
+
+
+def _assert_graphed_steps_equal_eager(span, start: int, end: int) -> None:
+    """The protocol of test_graphed_decode_steps_equal_eager_ones_in_float32 (its docstring), on any span."""
     graphs = StepGraphs(span, capture=_cpu_replay, min_kv_bucket=8)
     generator = torch.Generator().manual_seed(1)
     prompts = [(torch.randn(2, 5, HIDDEN, generator=generator), torch.tensor([[0, 0, 1, 1, 1], [1] * 5]).bool()),
@@ -165,11 +169,11 @@ def test_what_runs_eagerly_is_decided_by_the_pass(span, case, reason):
 
 
 @pytest.mark.parametrize("name, fields, start, end, reason", [
-    ("mixtral", MOE_FAMILY["mixtral"], 0, 2, "mixture of experts"),
+    ("mixtral", MOE_FAMILY["mixtral"], 0, 2, None),  # 4 experts, 2 a row, not stacked: it computes all 4
     ("qwen3_moe", MOE_FAMILY["qwen3_moe"], 1, 2, None),  # its dense block 1 alone
     ("qwen3_moe", MOE_FAMILY["qwen3_moe"], 0, 2, "mixture of experts"),
     ("deepseek_v3", DEEPSEEK_FAMILY["deepseek_v3"], 0, 2, "mixture of experts"),
-    ("qwen3_next", QWEN3_NEXT, 3, 4, "mixture of experts"),  # gated attention with experts
+    ("qwen3_next", QWEN3_NEXT, 3, 4, None),  # gated attention with experts (4, 2 a row, all computed)
     ("llama", DYNAMIC_ROPE, 0, 4, None),  # its frequencies grow on the device
     ("llama", LLAMA_FAMILY["llama3-rope"], 0, 4, None),
 ])
@@ -182,7 +186,8 @@ def test_blocks_whose_family_reads_the_host_run_eagerly(name, fields, start, end
 @torch.inference_mode()
 def test_stacked_experts_are_views_of_one_tensor_and_compute_as_before():
     """SparseMoe.stack adds no memory (each expert's layer is a view of the stacked tensor) and changes nothing
-    an eager pass computes; quantized experts are not stacked, and their blocks keep running eagerly."""
+    an eager pass computes; quantized experts are not stacked (a static step computes every one of them:
+    tests/unit/test_static_experts.py)."""
     span = _span("mixtral", MOE_FAMILY["mixtral"], 0, 2)
     hidden = torch.randn(2, 3, HIDDEN, generator=torch.Generator().manual_seed(3))
     before = span(hidden, None)
@@ -197,7 +202,7 @@ def test_stacked_experts_are_views_of_one_tensor_and_compute_as_before():
     for block in quantized.blocks:
         quantize_block(block, WeightFormat.of("int8"))
     StepGraphs(quantized, capture=_cpu_replay)
-    assert "not stacked" in eager_reason(quantized, [_segment(quantized)], 0, 2)
+    assert all(block.block_sparse_moe.stacked is None for block in quantized.blocks)
 
 
 @pytest.mark.parametrize("lengths, bucket", [([3], 64), ([64, 2], 64), ([65], 128), ([100, 900], 1024)])
