@@ -68,6 +68,21 @@ async def test_the_budget_announces_tokens_after_one_sessions_state(span, comput
         await service.retire()
 
 
+async def test_the_budget_of_recurrent_blocks_alone_is_said_in_sessions_not_tokens(span):
+    """Blocks 0:3 are all Gated DeltaNet: a token costs its padding-mask byte alone, so the start-up log and a
+    refusal speak of sessions' state in MiB, not of billions of tokens; beside an attention block, of both."""
+    per_token, per_session = span.cache_costs(0, 3, torch.float32)
+    assert per_token == 1
+    budget = CacheBudget(4 * per_session, per_token, per_session)
+    assert budget.room() == f"4 one-row sessions' recurrent state ({per_session / MIB:.2f} MiB each)"
+    with pytest.raises(ProtocolError, match=r"asked for [\d.]+ MiB of session state, [\d.]+ of [\d.]+ MiB are free"):
+        await budget.reserve(5 * per_session, timeout_s=0)
+    total = per_session + 100 * 4097
+    mixed = CacheBudget(total, 4097, per_session)
+    assert mixed.room().startswith(f"100 tokens, or {total // per_session} one-row sessions' recurrent state")
+    assert CacheBudget(100 * 4097, 4097).room() == "100 tokens"
+
+
 def _last_output(span, hidden, steps):
     """The last of `steps` (position, tokens) of `hidden` through a fresh session's cache."""
     cache = span.new_cache(0, 4, 1, 16, torch.float32)

@@ -30,7 +30,24 @@ class CacheBudget:
     def tokens_left(self) -> int:
         return max(0, self.total_bytes - self.used_bytes - self.bytes_per_session) // self.bytes_per_token
 
+    @property
+    def recurrent_only(self) -> bool:
+        """Whether no served block caches per token (all recurrent): a token then costs only its byte of padding
+        mask, and counting the budget in tokens says nothing (billions of them)."""
+        return self.bytes_per_token <= 1
+
+    def room(self) -> str:
+        """What the budget holds, as a server's start-up log says it."""
+        if not self.bytes_per_session:
+            return f"{self.tokens_left} tokens"
+        sessions = (f"{self.total_bytes // self.bytes_per_session} one-row sessions' recurrent state "
+                    f"({self.bytes_per_session / 2**20:.2f} MiB each)")
+        return sessions if self.recurrent_only else f"{self.tokens_left} tokens, or {sessions}"
+
     def _describe(self, nbytes: int) -> str:
+        if self.recurrent_only:
+            return (f"asked for {nbytes / 2**20:.1f} MiB of session state, {(self.total_bytes - self.used_bytes) / 2**20:.1f}"
+                    f" of {self.total_bytes / 2**20:.1f} MiB are free")
         tokens = max(0, nbytes - self.bytes_per_session) // self.bytes_per_token
         return (f"asked for {tokens} tokens of cache, {self.tokens_left} of "
                 f"{max(0, self.total_bytes - self.bytes_per_session) // self.bytes_per_token} are free")

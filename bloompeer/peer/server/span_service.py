@@ -36,7 +36,7 @@ class SpanService:
         self.span, self.retired = span, False
         dtype = config.torch_dtype
         self.budget = CacheBudget(cache_bytes, *span.cache_costs(span.start, span.end, dtype))
-        logger.info("Attention cache: %d tokens (%.1f MiB)", self.budget.tokens_left, cache_bytes / 2**20)
+        logger.info("Session cache: %.1f MiB, %s", cache_bytes / 2**20, self.budget.room())
         self.registry = SessionRegistry(self.budget, config.max_sessions_per_peer, config.session_timeout_s)
         self.scheduler = Scheduler(span, compute, config.max_batch_tokens, config.device, dtype,
                                    config.max_batch_sessions, metrics, config.batch_wait_s)
