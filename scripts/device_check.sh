@@ -9,7 +9,7 @@
 # are spent, each stage's timeout cut to what is left:
 #  graphs       tests/device/test_step_graphs_cuda.py: decode steps captured as CUDA graphs and replayed against
 #               eager steps in float32 (BLOOM, Llama, Mistral, dynamic rope, DeepSeek-V3's latent block, Qwen3.5's
-#               Gated DeltaNet), and greedy tokens
+#               Gated DeltaNet, Mixtral's float32 experts), Mixtral's experts in bfloat16 and int8, greedy tokens
 #               through graphed steps against transformers' generate on the GPU, and (with the wheels) a server's
 #               scheduler replaying graphs for two sessions' batched steps;
 #  graph-bench  benchmarks/step_graphs.py: 24 bloom-560m blocks in bfloat16, a decode step eager and graphed, for

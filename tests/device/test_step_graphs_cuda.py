@@ -25,7 +25,9 @@ HYBRID = dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, lin
 CASES = {"bloom": ("bloom", {}, 0, 4), "llama": ("llama", {}, 0, 4),
          "mistral": ("mistral", dict(sliding_window=5), 0, 4), "deepseek_v3": ("deepseek_v3", LATENT, 0, 1),
          "llama dynamic rope": ("llama", DYNAMIC_ROPE, 0, 4),  # grown past its trained length of 8
-         "qwen3_5": ("qwen3_5_text", HYBRID, 0, 4)}  # 3 Gated DeltaNet blocks, then gated attention
+         "qwen3_5": ("qwen3_5_text", HYBRID, 0, 4),  # 3 Gated DeltaNet blocks, then gated attention
+         # float32 experts, which torch._grouped_mm does not take on a GPU: every expert over the pass's rows
+         "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=5), 0, 2)}
 RECURRENT = {"qwen3_5"}  # its graphs read one of two state slots: one graph per parity (step_graphs.py)
 STEPS = 8
 
@@ -103,6 +105,38 @@ def test_quantized_spans_replay_graphs_too(quant, dtype, bound):
         worst = max(worst, float((output - expected).abs().max() / expected.abs().max()))
     assert graphs.counts == {"eager": 1, "capture": 1, "replay": STEPS - 2}, (graphs.counts, graphs.broken)
     print(f"{quant}: graphed vs eager, largest difference {worst:.2e} of the largest value")
+    assert worst <= bound
+
+
+@pytest.mark.parametrize("quant, bound", [(None, 3e-2), ("int8", 3e-2)])
+@torch.inference_mode()
+def test_experts_replay_graphs_in_bfloat16(quant, bound):
+    """Mixtral's experts in bfloat16 on the GPU: stacked, one torch._grouped_mm a layer; with `--quant int8`,
+    every expert over the pass's row. Captured and replayed within `bound` of the eager step (bfloat16's
+    rounding; relative to the largest value)."""
+    from bloompeer.blocks.quantized_linear import quantize_block
+    from bloompeer.weight_format import WeightFormat
+
+    span = random_span("mixtral", dict(num_local_experts=4, num_experts_per_tok=2), 0, 2, device="cuda")
+    span = span.to(torch.bfloat16)
+    if quant:
+        for block in span.blocks:
+            quantize_block(block, WeightFormat.of(quant, 32, "bfloat16", "cuda"))
+    graphs = StepGraphs(span)
+    assert all((moe.stacked is None) == bool(quant) for moe in span.modules() if hasattr(moe, "stacked"))
+    generator = torch.Generator().manual_seed(5)
+    eager, graphed = (span.new_cache(0, 2, 1, 32, torch.bfloat16, "cuda") for _ in range(2))
+    prompt = torch.randn(1, 4, HIDDEN, generator=generator).to("cuda", torch.bfloat16)
+    for cache in (eager, graphed):
+        span(prompt, cache.begin_step(0, None, 4), cache)
+    worst = 0.0
+    for _ in range(STEPS):
+        hidden = torch.randn(1, 1, HIDDEN, generator=generator).to("cuda", torch.bfloat16)
+        expected = span(hidden, eager.begin_step(eager.length, None, 1), eager)
+        output, = graphs.forward([Segment(hidden, graphed.begin_step(graphed.length, None, 1), graphed)], 0, 2)
+        worst = max(worst, float((output - expected).abs().max() / expected.abs().max()))
+    assert graphs.counts == {"eager": 1, "capture": 1, "replay": STEPS - 2}, (graphs.counts, graphs.broken)
+    print(f"mixtral experts {quant or 'bfloat16'}: graphed vs eager, largest difference {worst:.2e}")
     assert worst <= bound
 
 
