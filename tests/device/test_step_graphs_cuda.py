@@ -79,21 +79,28 @@ def test_replayed_graphs_equal_eager_steps_in_float32(name):
         assert all(torch.equal(a, b) for a, b in zip(replayed, rerun))
 
 
-@pytest.mark.parametrize("quant, dtype, bound", [("int8", torch.float32, 1e-5), ("int4", torch.bfloat16, 3e-2)])
+MIXTRAL = dict(num_local_experts=4, num_experts_per_tok=2)
+
+
+@pytest.mark.parametrize("model_type, fields, end, quant, dtype, bound", [
+    ("bloom", {}, 4, "int8", torch.float32, 1e-5), ("bloom", {}, 4, "int4", torch.bfloat16, 3e-2),
+    ("mixtral", MIXTRAL, 2, None, torch.bfloat16, 3e-2), ("mixtral", MIXTRAL, 2, "int8", torch.bfloat16, 3e-2)])
 @torch.inference_mode()
-def test_quantized_spans_replay_graphs_too(quant, dtype, bound):
+def test_quantized_and_expert_spans_replay_graphs_too(model_type, fields, end, quant, dtype, bound):
     """`serve --quant`: BLOOM blocks with int8 (float32 rows) or int4 (bfloat16, its kernel's) weights, quantized
-    on the GPU as a server's loader does, replay their captured steps, within `bound` of the eager step (relative
-    to the largest value; bfloat16's rounding, the masked keys summed in, for int4)."""
+    on the GPU as a server's loader does; Mixtral's experts in bfloat16, stacked (one torch._grouped_mm a layer),
+    or int8 (every expert over the pass's row). Their captured steps replay within `bound` of the eager step
+    (relative to the largest value; bfloat16's rounding, the masked keys summed in)."""
     from bloompeer.blocks.quantized_linear import quantize_block
     from bloompeer.weight_format import WeightFormat
 
-    span = random_span("bloom", {}, 0, 4, device="cuda").to(dtype)
-    for block in span.blocks:
+    span = random_span(model_type, fields, 0, end, device="cuda").to(dtype)
+    for block in span.blocks if quant else ():
         quantize_block(block, WeightFormat.of(quant, 32, str(dtype).removeprefix("torch."), "cuda"))
     graphs = StepGraphs(span)
+    assert all((moe.stacked is None) == bool(quant) for moe in span.modules() if hasattr(moe, "stacked"))
     generator = torch.Generator().manual_seed(4)
-    eager, graphed = (span.new_cache(0, 4, 1, 32, dtype, "cuda") for _ in range(2))
+    eager, graphed = (span.new_cache(0, end, 1, 32, dtype, "cuda") for _ in range(2))
     prompt = torch.randn(1, 4, HIDDEN, generator=generator).to("cuda", dtype)
     for cache in (eager, graphed):
         span(prompt, cache.begin_step(0, None, 4), cache)
@@ -101,42 +108,10 @@ def test_quantized_spans_replay_graphs_too(quant, dtype, bound):
     for _ in range(STEPS):
         hidden = torch.randn(1, 1, HIDDEN, generator=generator).to("cuda", dtype)
         expected = span(hidden, eager.begin_step(eager.length, None, 1), eager)
-        output, = graphs.forward([Segment(hidden, graphed.begin_step(graphed.length, None, 1), graphed)], 0, 4)
+        output, = graphs.forward([Segment(hidden, graphed.begin_step(graphed.length, None, 1), graphed)], 0, end)
         worst = max(worst, float((output - expected).abs().max() / expected.abs().max()))
     assert graphs.counts == {"eager": 1, "capture": 1, "replay": STEPS - 2}, (graphs.counts, graphs.broken)
-    print(f"{quant}: graphed vs eager, largest difference {worst:.2e} of the largest value")
-    assert worst <= bound
-
-
-@pytest.mark.parametrize("quant, bound", [(None, 3e-2), ("int8", 3e-2)])
-@torch.inference_mode()
-def test_experts_replay_graphs_in_bfloat16(quant, bound):
-    """Mixtral's experts in bfloat16 on the GPU: stacked, one torch._grouped_mm a layer; with `--quant int8`,
-    every expert over the pass's row. Captured and replayed within `bound` of the eager step (bfloat16's
-    rounding; relative to the largest value)."""
-    from bloompeer.blocks.quantized_linear import quantize_block
-    from bloompeer.weight_format import WeightFormat
-
-    span = random_span("mixtral", dict(num_local_experts=4, num_experts_per_tok=2), 0, 2, device="cuda")
-    span = span.to(torch.bfloat16)
-    if quant:
-        for block in span.blocks:
-            quantize_block(block, WeightFormat.of(quant, 32, "bfloat16", "cuda"))
-    graphs = StepGraphs(span)
-    assert all((moe.stacked is None) == bool(quant) for moe in span.modules() if hasattr(moe, "stacked"))
-    generator = torch.Generator().manual_seed(5)
-    eager, graphed = (span.new_cache(0, 2, 1, 32, torch.bfloat16, "cuda") for _ in range(2))
-    prompt = torch.randn(1, 4, HIDDEN, generator=generator).to("cuda", torch.bfloat16)
-    for cache in (eager, graphed):
-        span(prompt, cache.begin_step(0, None, 4), cache)
-    worst = 0.0
-    for _ in range(STEPS):
-        hidden = torch.randn(1, 1, HIDDEN, generator=generator).to("cuda", torch.bfloat16)
-        expected = span(hidden, eager.begin_step(eager.length, None, 1), eager)
-        output, = graphs.forward([Segment(hidden, graphed.begin_step(graphed.length, None, 1), graphed)], 0, 2)
-        worst = max(worst, float((output - expected).abs().max() / expected.abs().max()))
-    assert graphs.counts == {"eager": 1, "capture": 1, "replay": STEPS - 2}, (graphs.counts, graphs.broken)
-    print(f"mixtral experts {quant or 'bfloat16'}: graphed vs eager, largest difference {worst:.2e}")
+    print(f"{model_type} {quant or dtype}: graphed vs eager, largest difference {worst:.2e} of the largest value")
     assert worst <= bound
 
 
