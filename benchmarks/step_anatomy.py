@@ -19,7 +19,10 @@ without it, and splits the mean decode step into:
   client after    from the last answer's bytes in to the next token's logits (unpacking, the
                   hand-back to generate's thread, final norm and LM head).
 
-Per-hop software cost = (step - servers' compute - daemon trips) / hops, the issue-42 figure.
+Per-hop software cost = (step - servers' compute - daemon trips) / hops, the issue-42 figure. Beside it,
+in each round, its floor on this machine: the same blocks through the leanest chain of 2 server
+processes (benchmarks/lean_chain.py: blocking loopback sockets, a plain greedy loop), its steps
+paired with the same loop run in one process.
 Runners take turns in each round (the machine drifts 10-30 % within an hour); figures are means
 over every step of every round, so that the parts add up to the step, with each round's step beside.
 
@@ -42,18 +45,22 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bloompeer  # noqa: F401  (before torch, as in its CLI: bloompeer/_openmp.py)
-import torch
-from hivemind.p2p import P2P
-from prometheus_client.parser import text_string_to_metric_families
-from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bloompeer import AutoDistributedModelForCausalLM, ClientConfig, NetworkConfig
-from bloompeer.p2p import Step, StepOutput, framing, streams
-from bloompeer.peer.cli.default_model import write_random_checkpoint
-from bloompeer.peer.cli.local_swarm import LocalSwarm, split_blocks
-from bloompeer.peer.client.runtime import THREAD_NAME as CLIENT_THREAD
-from bloompeer.peer.server.step_clock import PHASES
+import bloompeer  # noqa: F401,E402  (before torch, as in its CLI: bloompeer/_openmp.py)
+import torch  # noqa: E402
+from hivemind.p2p import P2P  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList  # noqa: E402
+
+from benchmarks.lean_chain import paired_steps, summary  # noqa: E402
+from bloompeer import AutoDistributedModelForCausalLM, ClientConfig, NetworkConfig  # noqa: E402
+from bloompeer.p2p import Step, StepOutput, framing, streams  # noqa: E402
+from bloompeer.peer.cli.default_model import write_random_checkpoint  # noqa: E402
+from bloompeer.peer.cli.local_swarm import LocalSwarm, split_blocks  # noqa: E402
+from bloompeer.peer.client.runtime import THREAD_NAME as CLIENT_THREAD  # noqa: E402
+from bloompeer.peer.server.step_clock import PHASES  # noqa: E402
 
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "bloompeer" / "demo_model"
 MODELS = {  # name -> write_random_checkpoint arguments (None: the bundled demo model as it is)
@@ -265,12 +272,15 @@ def bench(name: str, args: argparse.Namespace) -> dict:
         for model in (local, *clients.values()):
             _generate(model, prompt, 4)  # warm-up: caches, route, connections
         meter = _CpuMeter(swarm)
-        results = {"local": [], "echo": [], **{mode: {"parts": {}, "phases": {}, "rounds": [], "cpu": {}} for mode in MODES}}
+        results = {"local": [], "echo": [], "floor": {}, **{mode: {"parts": {}, "phases": {}, "rounds": [], "cpu": {}}
+                                                         for mode in MODES}}
         for round_index in range(args.rounds):
             print(f"[{name}] round {round_index + 1} of {args.rounds}...", file=sys.stderr, flush=True)
             times = _generate(local, prompt, args.new_tokens)
             results["local"] += [b - a for a, b in zip(times, times[1:])]
             results["echo"] += asyncio.run(_echo_round_trip_s(frame_bytes, args.echo_trips))
+            for part, values in paired_steps(str(path), split_blocks(num_blocks, 2), prompt, args.new_tokens).items():
+                results["floor"].setdefault(part, []).extend(values)
             for mode, model in clients.items():
                 wire.sent.clear(), wire.answered.clear()
                 counts = [phases["compute"][1] for phases in _phases_after(urls, [0.0] * len(urls))]
@@ -328,6 +338,11 @@ def report(name: str, results: dict) -> None:
     for mode in MODES:
         per_round = " ".join(f"{step * ms:.2f}" for step in results[mode]["rounds"])
         print(f"  step per round ({mode}): {per_round} ms")
+    floor = summary(results["floor"])
+    print("  floor: the same blocks through a lean chain of 2 processes (benchmarks/lean_chain.py), medians of "
+          "steps paired with the same loop in one process")
+    for row, value in floor.items():
+        print(f"  {row:<28}{value:>10d}" if isinstance(value, int) else f"  {row:<28}{value:>10.3f}")
 
 
 def main() -> None:
