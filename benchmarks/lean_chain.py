@@ -143,8 +143,7 @@ def paired_steps(model: str, spans: list[tuple[int, int]], prompt: torch.Tensor,
     each in turn: per decode step (the prompt's left out), seconds of {"local", "local blocks", "chain",
     "chain blocks"} (blocks: the blocks' compute alone), and under "tokens differ" the steps whose greedy token
     the chain did not compute as the local loop did (none: both run the same blocks on the same inputs)."""
-    reference = _client_modules(model)
-    embed, head = reference
+    embed, head = _client_modules(model)
     local_span = open_checkpoint(model).load_span(spans[0][0], spans[-1][1], torch.float32)
     times = {"local": [], "local blocks": [], "chain": [], "chain blocks": [], "tokens differ": []}
     with lean_chain(model, spans) as chain, torch.inference_mode():

@@ -191,8 +191,9 @@ class RecurrentState:
         """For a one-token step of blocks [start, end): each recurrent block's slot that holds the step's position
         (the step reads it and writes the other), or None where a block must first re-advance its state after a
         rollback, or starts afresh, which run eagerly."""
-        blocks = [block for index, block in self._blocks.items() if start <= index < end]
-        slots = tuple(block.slot_at(self._position) for block in blocks) if self._position else (None,)
+        if self._position == 0:
+            return None
+        slots = tuple(block.slot_at(self._position) for index, block in self._blocks.items() if start <= index < end)
         return None if None in slots else slots
 
     def fixed_slots(self, start: int, end: int, slots: tuple[int, ...]) -> FixedSlots:
